@@ -1,0 +1,83 @@
+// Package tokens owns lapd's agent tokens: their format, hashing, the lifecycle
+// of a token record, and the Store that keeps records.
+//
+// A token is "agt_" followed by base64url (no padding) of 32 CSPRNG bytes. The
+// server never stores it: only hex(SHA-256(token)) is kept, and lookups compare
+// hashes in constant time. A record moves through these statuses:
+//
+//	awaiting-ws → awaiting-claude → active ⇄ pending-resume → (claim) active
+//	any → revoked (terminal)
+//
+// Manager implements the transitions over a Store (SQLite by default, or
+// memory); it knows nothing about HTTP or WebSocket.
+package tokens
+
+import (
+	"context"
+	"errors"
+)
+
+// Prefix starts every agent token.
+const Prefix = "agt_"
+
+// Status is a token record's lifecycle state. The strings are the wire values.
+type Status string
+
+// Statuses, exactly as the reference (LAP v2).
+const (
+	StatusAwaitingWS     Status = "awaiting-ws"
+	StatusAwaitingClaude Status = "awaiting-claude"
+	StatusActive         Status = "active"
+	StatusPendingResume  Status = "pending-resume"
+	StatusRevoked        Status = "revoked"
+)
+
+// Record is one token's server-side state. All times are Unix milliseconds, as
+// on the wire; zero means "unset" (JSON null).
+type Record struct {
+	TID                string `json:"tid"`
+	TokenHash          string `json:"-"`
+	UID                string `json:"uid,omitempty"` // "" = anonymous (null on the wire)
+	Status             Status `json:"status"`
+	CreatedAt          int64  `json:"createdAt"`
+	ExpiresAt          int64  `json:"expiresAt"`
+	LastSeenAt         int64  `json:"lastSeenAt"`
+	PendingResumeUntil int64  `json:"pendingResumeUntil,omitempty"`
+	Origin             string `json:"origin"`
+	Label              string `json:"label,omitempty"`
+}
+
+// Errors returned by Store and Manager. Match with errors.Is.
+var (
+	ErrNotFound  = errors.New("tokens: record not found")
+	ErrMalformed = errors.New("tokens: malformed token") // 401
+	ErrUnknown   = errors.New("tokens: unknown token")   // 401
+	ErrExpired   = errors.New("tokens: token expired")   // 401 (hard expiry, sliding TTL, or grace passed)
+	ErrRevoked   = errors.New("tokens: token revoked")   // 403
+	ErrForbidden = errors.New("tokens: not allowed")     // 403 (ownership/origin/status mismatch on claim/revoke)
+	ErrExists    = errors.New("tokens: record already exists")
+)
+
+// Store keeps token records. Implementations must be safe for concurrent use.
+// Every method takes a context and returns promptly when it is cancelled.
+type Store interface {
+	// Create inserts a new record; ErrExists if the tid or hash is taken.
+	Create(ctx context.Context, rec Record) error
+	// Get returns the record for tid, or ErrNotFound.
+	Get(ctx context.Context, tid string) (Record, error)
+	// FindByHash returns the record whose TokenHash equals hash (hex SHA-256),
+	// or ErrNotFound. Implementations compare the stored hash in constant time.
+	FindByHash(ctx context.Context, hash string) (Record, error)
+	// Update atomically reads the record for tid, calls fn on a copy, and
+	// stores the result unless fn returns an error (which Update returns
+	// unchanged, leaving the record as it was). ErrNotFound if tid is unknown.
+	Update(ctx context.Context, tid string, fn func(*Record) error) (Record, error)
+	// ListByUID returns the records owned by uid ("" = anonymous), in
+	// creation order.
+	ListByUID(ctx context.Context, uid string) ([]Record, error)
+	// DeleteExpired removes records whose ExpiresAt is before beforeMs and
+	// returns how many went.
+	DeleteExpired(ctx context.Context, beforeMs int64) (int, error)
+	// Close releases the store's resources.
+	Close() error
+}
