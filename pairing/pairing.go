@@ -106,6 +106,10 @@ type Registry struct {
 // New returns a Registry.
 func New(cfg Config) (*Registry, error) { panic("pairing: New not implemented") }
 
+// SetHooks installs the hooks (the lap server does this in lap.New). Call it
+// before serving.
+func (r *Registry) SetHooks(h Hooks) { panic("not implemented") }
+
 // ServeHTTP is the /agent/ws endpoint.
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) { panic("not implemented") }
 
