@@ -1,0 +1,955 @@
+// Package faketab is a fake browser tab for tests and benchmarks: it speaks
+// the tab side of the LAP v2 WebSocket protocol the way the reference browser
+// runtime (and lapd's client/lapd.js) does, over a real WebSocket.
+//
+// Dial connects with a token, sends hello, waits for hello-ack, and from then
+// on answers every rpc frame from a handler map. The defaults implement the
+// reference tools over an in-memory JSON state with a tiny demo app:
+//
+//	state   {"count":0,"todos":[]}
+//	actions inc, addTodo{title}, clearAll (requires confirm), reset (human only)
+//
+// so a test can do
+//
+//	tab, err := faketab.Dial(ctx, srv.URL+"/agent/ws", token)
+//	defer tab.Close()
+//	// ... LAP calls against the server ...
+//	f, err := tab.WaitFor(ctx, "active") // every frame the server sent is recorded
+//
+// Other knobs: WithState / WithReducer / WithActions replace the demo app,
+// WithHandler overrides one tool (handlers may block: each rpc runs in its own
+// goroutine), WithPolicy sends lapd's hello.policy, WithOrigin sets the Origin
+// header. SetState answers open watches with state-update frames; Approve and
+// Reject answer pending confirmations with confirm-resolved; Abort drops the
+// connection without a close handshake. After every rpc the tab sends a
+// log-append, and it echoes log-push entries back as log-append, as the
+// reference browser does.
+//
+// A refused dial returns a *DialError carrying the HTTP status and body.
+package faketab
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// RPCError is what a handler returns to answer with an rpc-error frame.
+type RPCError struct {
+	Code   string `json:"code"`
+	Detail string `json:"detail,omitempty"`
+}
+
+func (e *RPCError) Error() string { return e.Code + ": " + e.Detail }
+
+// Handler answers one rpc tool. result is marshalled with encoding/json (a
+// json.RawMessage passes through). It runs on its own goroutine.
+type Handler func(args json.RawMessage) (result any, err *RPCError)
+
+// Reducer applies msg (an object with a string "type") to state (a deep copy
+// the reducer may change) and returns the new state.
+type Reducer func(state any, msg map[string]any) (any, error)
+
+// Action describes one variant of the fake app.
+type Action struct {
+	Variant         string `json:"variant"`
+	Intent          string `json:"intent,omitempty"`
+	RequiresConfirm bool   `json:"requiresConfirm,omitempty"`
+	HumanOnly       bool   `json:"humanOnly,omitempty"`
+}
+
+// Frame is one frame received from the server.
+type Frame struct {
+	T   string          // the frame's "t"
+	Raw json.RawMessage // the whole frame
+}
+
+// Decode unmarshals the frame into v.
+func (f Frame) Decode(v any) error { return json.Unmarshal(f.Raw, v) }
+
+// Field returns one top-level field of the frame (nil if absent).
+func (f Frame) Field(name string) json.RawMessage {
+	var m map[string]json.RawMessage
+	_ = json.Unmarshal(f.Raw, &m)
+	return m[name]
+}
+
+// Hello is the hello frame the tab sends.
+type Hello struct {
+	T                 string          `json:"t"`
+	AppName           string          `json:"appName"`
+	AppVersion        string          `json:"appVersion"`
+	MsgSchema         json.RawMessage `json:"msgSchema,omitempty"`
+	StateSchema       json.RawMessage `json:"stateSchema,omitempty"`
+	AffordancesSample json.RawMessage `json:"affordancesSample,omitempty"`
+	Docs              json.RawMessage `json:"docs,omitempty"`
+	SchemaHash        string          `json:"schemaHash"`
+	LapVersion        int             `json:"lapVersion,omitempty"`
+	Policy            json.RawMessage `json:"policy,omitempty"`
+	Visible           *bool           `json:"visible,omitempty"`
+}
+
+// DialError is a refused WebSocket dial.
+type DialError struct {
+	Status int    // HTTP status of the refusal; 0 if there was no response
+	Body   []byte // first bytes of the response body
+	Header http.Header
+	Err    error
+}
+
+func (e *DialError) Error() string {
+	return fmt.Sprintf("faketab: dial refused: status %d %s: %v", e.Status, bytes.TrimSpace(e.Body), e.Err)
+}
+
+func (e *DialError) Unwrap() error { return e.Err }
+
+// Option configures Dial.
+type Option func(*config)
+
+type config struct {
+	hello       Hello
+	sendHello   bool
+	waitAck     bool
+	state       any
+	reducer     Reducer
+	actions     []Action
+	handlers    map[string]Handler
+	header      http.Header
+	logAppend   bool
+	subprotocol bool
+	readLimit   int64
+}
+
+// WithHello edits the hello frame before it is sent.
+func WithHello(fn func(*Hello)) Option { return func(c *config) { fn(&c.hello) } }
+
+// WithAppName sets hello.appName.
+func WithAppName(name string) Option { return func(c *config) { c.hello.AppName = name } }
+
+// WithPolicy sets lapd's hello.policy.
+func WithPolicy(raw json.RawMessage) Option { return func(c *config) { c.hello.Policy = raw } }
+
+// WithLapVersion sets hello.lapVersion (0 = omitted).
+func WithLapVersion(v int) Option { return func(c *config) { c.hello.LapVersion = v } }
+
+// WithoutHello skips the hello (and the wait for hello-ack).
+func WithoutHello() Option { return func(c *config) { c.sendHello = false; c.waitAck = false } }
+
+// WithoutAckWait sends hello but returns from Dial without waiting for hello-ack.
+func WithoutAckWait() Option { return func(c *config) { c.waitAck = false } }
+
+// WithState sets the initial state (any JSON-marshalable value).
+func WithState(v any) Option { return func(c *config) { c.state = v } }
+
+// WithReducer replaces the demo reducer.
+func WithReducer(r Reducer) Option { return func(c *config) { c.reducer = r } }
+
+// WithActions replaces the demo action list.
+func WithActions(a ...Action) Option { return func(c *config) { c.actions = a } }
+
+// WithHandler overrides (or adds) the handler of one tool.
+func WithHandler(tool string, h Handler) Option {
+	return func(c *config) { c.handlers[tool] = h }
+}
+
+// WithOrigin sets the Origin header of the handshake.
+func WithOrigin(origin string) Option { return func(c *config) { c.header.Set("Origin", origin) } }
+
+// WithHeader adds a handshake header.
+func WithHeader(k, v string) Option { return func(c *config) { c.header.Add(k, v) } }
+
+// WithoutLogAppend stops the log-append after each rpc.
+func WithoutLogAppend() Option { return func(c *config) { c.logAppend = false } }
+
+// WithReadLimit sets the largest frame the tab accepts (default 16 MiB).
+func WithReadLimit(n int64) Option { return func(c *config) { c.readLimit = n } }
+
+// DemoActions are the default actions.
+func DemoActions() []Action {
+	return []Action{
+		{Variant: "inc", Intent: "Increment the counter"},
+		{Variant: "addTodo", Intent: "Add a task"},
+		{Variant: "clearAll", Intent: "Delete every task", RequiresConfirm: true},
+		{Variant: "reset", Intent: "Reset (humans only)", HumanOnly: true},
+	}
+}
+
+// DemoPolicy is a hello.policy matching DemoActions (addTodo needs a
+// non-empty string title and nothing else).
+func DemoPolicy() json.RawMessage {
+	return json.RawMessage(`{"variants":{` +
+		`"inc":{"intent":"Increment the counter"},` +
+		`"addTodo":{"intent":"Add a task","schema":{"type":"object","properties":{"title":{"type":"string","minLength":1}},"required":["title"],"additionalProperties":false}},` +
+		`"clearAll":{"intent":"Delete every task","requiresConfirm":true},` +
+		`"reset":{"intent":"Reset (humans only)","humanOnly":true}}}`)
+}
+
+func demoReducer(state any, msg map[string]any) (any, error) {
+	m, _ := state.(map[string]any)
+	if m == nil {
+		m = map[string]any{}
+	}
+	switch msg["type"] {
+	case "inc":
+		n, _ := m["count"].(float64)
+		m["count"] = n + 1
+	case "addTodo":
+		title, _ := msg["title"].(string)
+		todos, _ := m["todos"].([]any)
+		m["todos"] = append(todos, map[string]any{"title": title})
+	case "clearAll":
+		m["todos"] = []any{}
+	case "reset":
+		m["count"] = float64(0)
+		m["todos"] = []any{}
+	default:
+		return nil, fmt.Errorf("unknown variant %v", msg["type"])
+	}
+	return m, nil
+}
+
+// Tab is a connected fake tab. Safe for concurrent use.
+type Tab struct {
+	conn *websocket.Conn
+	cfg  config
+
+	mu       sync.Mutex
+	state    any
+	frames   []Frame
+	cursor   int
+	notify   chan struct{} // closed and replaced on every new frame
+	watches  map[string]string
+	pending  map[string]pendingConfirm
+	rpcCount map[string]int
+	readErr  error
+
+	done    chan struct{}
+	wg      sync.WaitGroup
+	ackOnce sync.Once
+	acked   chan struct{}
+}
+
+type pendingConfirm struct {
+	variant string
+	msg     map[string]any
+}
+
+// Dial connects to wsURL (ws:// or http://; the token goes in ?token=).
+func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error) {
+	c := config{
+		hello: Hello{
+			T: "hello", AppName: "faketab", AppVersion: "1.0.0",
+			StateSchema: json.RawMessage(`{"type":"object"}`),
+			Docs:        json.RawMessage(`{"purpose":"A fake app for tests"}`),
+			SchemaHash:  "faketab-1", LapVersion: 2,
+		},
+		sendHello: true, waitAck: true,
+		state:     map[string]any{"count": float64(0), "todos": []any{}},
+		reducer:   demoReducer,
+		actions:   DemoActions(),
+		handlers:  map[string]Handler{},
+		header:    http.Header{},
+		logAppend: true,
+		readLimit: 16 << 20,
+	}
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.hello.MsgSchema == nil {
+		vars := map[string]any{}
+		for _, a := range c.actions {
+			vars[a.Variant] = map[string]any{}
+		}
+		c.hello.MsgSchema, _ = json.Marshal(map[string]any{"discriminant": "type", "variants": vars})
+	}
+	u, err := url.Parse(wsURL)
+	if err != nil {
+		return nil, fmt.Errorf("faketab: bad url: %w", err)
+	}
+	switch u.Scheme {
+	case "http":
+		u.Scheme = "ws"
+	case "https":
+		u.Scheme = "wss"
+	}
+	if token != "" {
+		q := u.Query()
+		q.Set("token", token)
+		u.RawQuery = q.Encode()
+	}
+	conn, resp, err := websocket.Dial(ctx, u.String(), &websocket.DialOptions{HTTPHeader: c.header})
+	if err != nil {
+		de := &DialError{Err: err}
+		if resp != nil {
+			de.Status = resp.StatusCode
+			de.Header = resp.Header
+			if resp.Body != nil {
+				de.Body, _ = io.ReadAll(io.LimitReader(resp.Body, 1024))
+				resp.Body.Close()
+			}
+		}
+		return nil, de
+	}
+	conn.SetReadLimit(c.readLimit)
+	st, err := deepCopy(c.state)
+	if err != nil {
+		conn.CloseNow()
+		return nil, fmt.Errorf("faketab: state not JSON: %w", err)
+	}
+	t := &Tab{
+		conn: conn, cfg: c, state: st,
+		notify:   make(chan struct{}),
+		watches:  map[string]string{},
+		pending:  map[string]pendingConfirm{},
+		rpcCount: map[string]int{},
+		done:     make(chan struct{}),
+		acked:    make(chan struct{}),
+	}
+	t.wg.Add(1)
+	go t.readLoop()
+	if c.sendHello {
+		if err := t.Send(ctx, c.hello); err != nil {
+			t.Abort()
+			return nil, fmt.Errorf("faketab: send hello: %w", err)
+		}
+	}
+	if c.waitAck {
+		select {
+		case <-t.acked:
+		case <-t.done:
+			err := t.Err()
+			t.Abort()
+			return nil, fmt.Errorf("faketab: closed before hello-ack: %w", err)
+		case <-ctx.Done():
+			t.Abort()
+			return nil, fmt.Errorf("faketab: waiting for hello-ack: %w", ctx.Err())
+		}
+	}
+	return t, nil
+}
+
+// Send writes one frame (any JSON-marshalable value).
+func (t *Tab) Send(ctx context.Context, frame any) error {
+	b, err := json.Marshal(frame)
+	if err != nil {
+		return err
+	}
+	return t.conn.Write(ctx, websocket.MessageText, b)
+}
+
+func (t *Tab) sendBG(frame any) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = t.Send(ctx, frame)
+}
+
+// Close closes the socket with status 1000 and waits for the tab's goroutines.
+func (t *Tab) Close() error {
+	err := t.conn.Close(websocket.StatusNormalClosure, "bye")
+	t.wg.Wait()
+	return err
+}
+
+// Abort drops the connection without a close handshake (a crashed tab) and
+// waits for the tab's goroutines.
+func (t *Tab) Abort() {
+	t.conn.CloseNow()
+	t.wg.Wait()
+}
+
+// Done is closed when the connection is gone (either side).
+func (t *Tab) Done() <-chan struct{} { return t.done }
+
+// Err is why the read loop ended (a websocket.CloseError when the server
+// closed; use CloseStatus).
+func (t *Tab) Err() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.readErr
+}
+
+// CloseStatus is the close code the server sent, or -1.
+func (t *Tab) CloseStatus() websocket.StatusCode { return websocket.CloseStatus(t.Err()) }
+
+func (t *Tab) readLoop() {
+	defer t.wg.Done()
+	defer close(t.done)
+	for {
+		_, b, err := t.conn.Read(context.Background())
+		if err != nil {
+			t.mu.Lock()
+			t.readErr = err
+			t.mu.Unlock()
+			t.conn.CloseNow()
+			return
+		}
+		var env struct {
+			T    string          `json:"t"`
+			ID   json.RawMessage `json:"id"`
+			Tool string          `json:"tool"`
+			Args json.RawMessage `json:"args"`
+			Path string          `json:"path"`
+		}
+		if json.Unmarshal(b, &env) != nil {
+			continue
+		}
+		t.record(Frame{T: env.T, Raw: b})
+		switch env.T {
+		case "hello-ack":
+			t.ackOnce.Do(func() { close(t.acked) })
+		case "rpc":
+			var id string
+			_ = json.Unmarshal(env.ID, &id)
+			t.wg.Add(1)
+			go func() {
+				defer t.wg.Done()
+				t.answer(id, env.Tool, env.Args)
+			}()
+		case "watch":
+			var id string
+			_ = json.Unmarshal(env.ID, &id)
+			t.mu.Lock()
+			t.watches[id] = env.Path
+			t.mu.Unlock()
+		case "unwatch":
+			var id string
+			_ = json.Unmarshal(env.ID, &id)
+			t.mu.Lock()
+			delete(t.watches, id)
+			t.mu.Unlock()
+		case "log-push":
+			var f struct {
+				Entry json.RawMessage `json:"entry"`
+			}
+			if json.Unmarshal(b, &f) == nil && f.Entry != nil {
+				go t.sendBG(map[string]any{"t": "log-append", "entry": f.Entry})
+			}
+		case "confirm-expire":
+			var f struct {
+				ConfirmID string `json:"confirmId"`
+			}
+			_ = json.Unmarshal(b, &f)
+			t.mu.Lock()
+			delete(t.pending, f.ConfirmID)
+			t.mu.Unlock()
+		}
+	}
+}
+
+func (t *Tab) record(f Frame) {
+	t.mu.Lock()
+	t.frames = append(t.frames, f)
+	close(t.notify)
+	t.notify = make(chan struct{})
+	t.mu.Unlock()
+}
+
+// Frames returns every frame received so far.
+func (t *Tab) Frames() []Frame {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]Frame(nil), t.frames...)
+}
+
+// Count returns how many frames of type typ were received so far.
+func (t *Tab) Count(typ string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, f := range t.frames {
+		if f.T == typ {
+			n++
+		}
+	}
+	return n
+}
+
+// RPCCount returns how many rpc frames for tool were answered (or are being).
+func (t *Tab) RPCCount(tool string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.rpcCount[tool]
+}
+
+// Next returns the next frame after the read cursor, waiting for one.
+func (t *Tab) Next(ctx context.Context) (Frame, error) {
+	return t.next(ctx, func(Frame) bool { return true })
+}
+
+// WaitFor advances the read cursor to the next frame of type typ (skipping
+// others) and returns it, waiting if needed.
+func (t *Tab) WaitFor(ctx context.Context, typ string) (Frame, error) {
+	return t.next(ctx, func(f Frame) bool { return f.T == typ })
+}
+
+func (t *Tab) next(ctx context.Context, match func(Frame) bool) (Frame, error) {
+	for {
+		t.mu.Lock()
+		for t.cursor < len(t.frames) {
+			f := t.frames[t.cursor]
+			t.cursor++
+			if match(f) {
+				t.mu.Unlock()
+				return f, nil
+			}
+		}
+		ch := t.notify
+		t.mu.Unlock()
+		select {
+		case <-ch:
+		case <-t.done:
+			// one last look: frames recorded before the close
+			t.mu.Lock()
+			more := t.cursor < len(t.frames)
+			t.mu.Unlock()
+			if !more {
+				return Frame{}, fmt.Errorf("%w: %v", ErrClosed, t.Err())
+			}
+		case <-ctx.Done():
+			return Frame{}, ctx.Err()
+		}
+	}
+}
+
+// State returns a copy of the current state.
+func (t *Tab) State() any {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v, _ := deepCopy(t.state)
+	return v
+}
+
+// SetState replaces the state (as if the human changed it) and answers each
+// open watch whose path value changed with a state-update frame.
+func (t *Tab) SetState(v any) error {
+	nv, err := deepCopy(v)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	old := t.state
+	t.state = nv
+	var ups []map[string]any
+	for id, p := range t.watches {
+		a, _ := lenientPointer(old, p)
+		b, _ := lenientPointer(nv, p)
+		if !reflect.DeepEqual(a, b) {
+			ups = append(ups, map[string]any{"t": "state-update", "id": id, "path": p, "stateAfter": nv})
+		}
+	}
+	t.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, u := range ups {
+		if err := t.Send(ctx, u); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Watches returns the number of open watches.
+func (t *Tab) Watches() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.watches)
+}
+
+// PendingConfirms lists the confirmIds awaiting Approve/Reject.
+func (t *Tab) PendingConfirms() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var ids []string
+	for id := range t.pending {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// Approve applies the pending msg to the state and sends confirm-resolved
+// {outcome:"confirmed", stateAfter}. It also works for a confirmId the tab did
+// not propose itself (e.g. one learned from confirm-sync after a reload).
+func (t *Tab) Approve(ctx context.Context, confirmID string) error {
+	t.mu.Lock()
+	p, ok := t.pending[confirmID]
+	delete(t.pending, confirmID)
+	if ok {
+		if ns, err := t.apply(p.msg); err == nil {
+			t.state = ns
+		}
+	}
+	st, _ := deepCopy(t.state)
+	t.mu.Unlock()
+	return t.Send(ctx, map[string]any{"t": "confirm-resolved", "confirmId": confirmID, "outcome": "confirmed", "stateAfter": st})
+}
+
+// Reject sends confirm-resolved {outcome:"user-cancelled"}.
+func (t *Tab) Reject(ctx context.Context, confirmID string) error {
+	t.mu.Lock()
+	delete(t.pending, confirmID)
+	t.mu.Unlock()
+	return t.Send(ctx, map[string]any{"t": "confirm-resolved", "confirmId": confirmID, "outcome": "user-cancelled"})
+}
+
+// apply runs the reducer on a copy of the state; t.mu held.
+func (t *Tab) apply(msg map[string]any) (any, error) {
+	cp, err := deepCopy(t.state)
+	if err != nil {
+		return nil, err
+	}
+	return t.cfg.reducer(cp, msg)
+}
+
+func (t *Tab) answer(id, tool string, args json.RawMessage) {
+	t.mu.Lock()
+	t.rpcCount[tool]++
+	t.mu.Unlock()
+	h := t.cfg.handlers[tool]
+	if h == nil {
+		h = t.defaultHandler(tool)
+	}
+	var res any
+	var rerr *RPCError
+	if h == nil {
+		rerr = &RPCError{Code: "invalid", Detail: "unknown tool: " + tool}
+	} else {
+		res, rerr = h(args)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if rerr != nil {
+		_ = t.Send(ctx, map[string]any{"t": "rpc-error", "id": id, "code": rerr.Code, "detail": rerr.Detail})
+	} else {
+		raw, err := json.Marshal(res)
+		if err != nil {
+			_ = t.Send(ctx, map[string]any{"t": "rpc-error", "id": id, "code": "internal", "detail": err.Error()})
+			return
+		}
+		// splice, so a large result is not re-encoded
+		buf := make([]byte, 0, len(raw)+len(id)+40)
+		buf = append(buf, `{"t":"rpc-reply","id":`...)
+		buf = strconv.AppendQuote(buf, id)
+		buf = append(buf, `,"result":`...)
+		buf = append(buf, raw...)
+		buf = append(buf, '}')
+		if err := t.conn.Write(ctx, websocket.MessageText, buf); err != nil {
+			return
+		}
+	}
+	if t.cfg.logAppend {
+		entry := map[string]any{"id": id, "at": time.Now().UnixMilli(), "kind": "read", "intent": tool}
+		if rerr != nil {
+			entry["kind"] = "error"
+		}
+		if tool == "send_message" {
+			var a struct {
+				Msg map[string]any `json:"msg"`
+			}
+			_ = json.Unmarshal(args, &a)
+			entry["variant"] = a.Msg["type"]
+			if m, ok := res.(map[string]any); ok {
+				switch m["status"] {
+				case "dispatched", "confirmed":
+					entry["kind"] = "dispatched"
+					entry["stateDiff"] = m["stateDiff"]
+				case "pending-confirmation":
+					entry["kind"] = "proposed"
+				case "rejected":
+					entry["kind"] = "blocked"
+				}
+			}
+		}
+		_ = t.Send(ctx, map[string]any{"t": "log-append", "entry": entry})
+	}
+}
+
+func (t *Tab) action(variant string) (Action, bool) {
+	for _, a := range t.cfg.actions {
+		if a.Variant == variant {
+			return a, true
+		}
+	}
+	return Action{}, false
+}
+
+func (t *Tab) listActions() []map[string]any {
+	out := []map[string]any{}
+	for _, a := range t.cfg.actions {
+		if a.HumanOnly {
+			continue
+		}
+		out = append(out, map[string]any{
+			"variant": a.Variant, "intent": a.Intent, "requiresConfirm": a.RequiresConfirm,
+			"dispatchMode": "shared", "source": "schema", "selectorHint": nil,
+			"payloadHint": nil, "warning": nil, "examples": []any{}, "emits": []any{}, "fieldHints": []any{},
+		})
+	}
+	return out
+}
+
+func (t *Tab) defaultHandler(tool string) Handler {
+	switch tool {
+	case "get_state":
+		return func(args json.RawMessage) (any, *RPCError) {
+			var a struct {
+				Path string `json:"path"`
+			}
+			_ = json.Unmarshal(args, &a)
+			v, ok := lenientPointer(t.State(), a.Path)
+			if !ok {
+				return map[string]any{}, nil
+			}
+			return map[string]any{"state": v}, nil
+		}
+	case "query_state":
+		return func(args json.RawMessage) (any, *RPCError) {
+			var a struct {
+				Path string `json:"path"`
+			}
+			_ = json.Unmarshal(args, &a)
+			v, ok := strictPointer(t.State(), a.Path)
+			if !ok {
+				return map[string]any{"found": false, "detail": "no value at " + a.Path}, nil
+			}
+			return map[string]any{"found": true, "value": v}, nil
+		}
+	case "list_actions":
+		return func(json.RawMessage) (any, *RPCError) { return map[string]any{"actions": t.listActions()}, nil }
+	case "observe":
+		return func(json.RawMessage) (any, *RPCError) {
+			return map[string]any{"state": t.State(), "actions": t.listActions(), "context": map[string]any{"summary": "A fake tab"}}, nil
+		}
+	case "describe_context":
+		return func(json.RawMessage) (any, *RPCError) {
+			return map[string]any{"context": map[string]any{"summary": "A fake tab", "hints": []string{}}}, nil
+		}
+	case "query_dom":
+		return func(args json.RawMessage) (any, *RPCError) {
+			var a struct {
+				Name string `json:"name"`
+			}
+			_ = json.Unmarshal(args, &a)
+			return map[string]any{"elements": []any{map[string]any{"text": a.Name, "attrs": map[string]string{"data-agent": a.Name}, "path": []int{0}}}}, nil
+		}
+	case "describe_visible_content":
+		return func(json.RawMessage) (any, *RPCError) {
+			return map[string]any{"url": "http://faketab.test/", "outline": []any{map[string]any{"kind": "heading", "level": 1, "text": "Fake"}}, "source": "fallback"}, nil
+		}
+	case "send_message":
+		return t.sendMessage
+	case "would_dispatch":
+		return t.wouldDispatch
+	}
+	return nil
+}
+
+type msgArgs struct {
+	Msg          map[string]any `json:"msg"`
+	Reason       string         `json:"reason"`
+	IncludeState bool           `json:"includeState"`
+}
+
+func (t *Tab) gate(msg map[string]any) (Action, map[string]any) {
+	typ, ok := msg["type"].(string)
+	if !ok {
+		return Action{}, map[string]any{"status": "rejected", "reason": "invalid", "detail": "msg.type must be a string"}
+	}
+	a, ok := t.action(typ)
+	if !ok {
+		return a, map[string]any{"status": "rejected", "reason": "invalid", "detail": "unknown variant: " + typ}
+	}
+	if a.HumanOnly {
+		return a, map[string]any{"status": "rejected", "reason": "human-only", "detail": typ + " can only be done by a human"}
+	}
+	return a, nil
+}
+
+func (t *Tab) sendMessage(args json.RawMessage) (any, *RPCError) {
+	var a msgArgs
+	if err := json.Unmarshal(args, &a); err != nil {
+		return nil, &RPCError{Code: "schema-error", Detail: err.Error()}
+	}
+	act, rej := t.gate(a.Msg)
+	if rej != nil {
+		return rej, nil
+	}
+	if act.RequiresConfirm {
+		id := newID()
+		t.mu.Lock()
+		t.pending[id] = pendingConfirm{variant: act.Variant, msg: a.Msg}
+		t.mu.Unlock()
+		return map[string]any{"status": "pending-confirmation", "confirmId": id}, nil
+	}
+	start := time.Now()
+	t.mu.Lock()
+	old := t.state
+	ns, err := t.apply(a.Msg)
+	if err != nil {
+		t.mu.Unlock()
+		return map[string]any{"status": "rejected", "reason": "invalid", "detail": err.Error()}, nil
+	}
+	t.state = ns
+	var ups []map[string]any
+	for id, p := range t.watches {
+		x, _ := lenientPointer(old, p)
+		y, _ := lenientPointer(ns, p)
+		if !reflect.DeepEqual(x, y) {
+			ups = append(ups, map[string]any{"t": "state-update", "id": id, "path": p, "stateAfter": ns})
+		}
+	}
+	after, _ := deepCopy(ns)
+	t.mu.Unlock()
+	for _, u := range ups {
+		t.sendBG(u)
+	}
+	res := map[string]any{
+		"status": "dispatched", "stateDiff": diff(old, after), "actions": t.listActions(),
+		"drain": map[string]any{"effectsObserved": 0, "durationMs": time.Since(start).Milliseconds(), "timedOut": false, "errors": []any{}},
+	}
+	if a.IncludeState {
+		res["stateAfter"] = after
+	}
+	return res, nil
+}
+
+func (t *Tab) wouldDispatch(args json.RawMessage) (any, *RPCError) {
+	var a msgArgs
+	_ = json.Unmarshal(args, &a)
+	_, rej := t.gate(a.Msg)
+	if rej != nil {
+		if rej["reason"] == "human-only" || rej["reason"] == "invalid" {
+			return rej, nil
+		}
+	}
+	t.mu.Lock()
+	old := t.state
+	ns, err := t.apply(a.Msg)
+	t.mu.Unlock()
+	if err != nil {
+		return map[string]any{"status": "reducer-threw", "message": err.Error()}, nil
+	}
+	return map[string]any{"status": "predicted", "stateDiff": diff(old, ns), "effects": []any{}}, nil
+}
+
+// diff is a top-level JSON-Patch (add/remove/replace) between two states.
+func diff(a, b any) []map[string]any {
+	ops := []map[string]any{}
+	am, aok := a.(map[string]any)
+	bm, bok := b.(map[string]any)
+	if !aok || !bok {
+		if !reflect.DeepEqual(a, b) {
+			ops = append(ops, map[string]any{"op": "replace", "path": "", "value": b})
+		}
+		return ops
+	}
+	keys := map[string]bool{}
+	for k := range am {
+		keys[k] = true
+	}
+	for k := range bm {
+		keys[k] = true
+	}
+	sorted := make([]string, 0, len(keys))
+	for k := range keys {
+		sorted = append(sorted, k)
+	}
+	sort.Strings(sorted)
+	for _, k := range sorted {
+		p := "/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(k)
+		av, ina := am[k]
+		bv, inb := bm[k]
+		switch {
+		case ina && !inb:
+			ops = append(ops, map[string]any{"op": "remove", "path": p})
+		case !ina && inb:
+			ops = append(ops, map[string]any{"op": "add", "path": p, "value": bv})
+		case !reflect.DeepEqual(av, bv):
+			ops = append(ops, map[string]any{"op": "replace", "path": p, "value": bv})
+		}
+	}
+	return ops
+}
+
+func deepCopy(v any) (any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var out any
+	err = json.Unmarshal(b, &out)
+	return out, err
+}
+
+func unescape(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "~1", "/"), "~0", "~") }
+
+// lenientPointer: "" or "/" is the root, empty segments are skipped.
+func lenientPointer(v any, p string) (any, bool) {
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "" {
+			continue
+		}
+		var ok bool
+		if v, ok = step(v, unescape(seg)); !ok {
+			return nil, false
+		}
+	}
+	return v, true
+}
+
+// strictPointer is RFC 6901.
+func strictPointer(v any, p string) (any, bool) {
+	if p == "" {
+		return v, true
+	}
+	if !strings.HasPrefix(p, "/") {
+		return nil, false
+	}
+	for _, seg := range strings.Split(p[1:], "/") {
+		var ok bool
+		if v, ok = step(v, unescape(seg)); !ok {
+			return nil, false
+		}
+	}
+	return v, true
+}
+
+func step(v any, seg string) (any, bool) {
+	switch x := v.(type) {
+	case map[string]any:
+		r, ok := x[seg]
+		return r, ok
+	case []any:
+		i, err := strconv.Atoi(seg)
+		if err != nil || i < 0 || i >= len(x) {
+			return nil, false
+		}
+		return x[i], true
+	}
+	return nil, false
+}
+
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "c-" + hex.EncodeToString(b[:])
+}
+
+// ErrClosed is returned by Next/WaitFor once the connection is gone and every
+// recorded frame was consumed.
+var ErrClosed = errors.New("faketab: connection closed")
