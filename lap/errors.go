@@ -1,0 +1,105 @@
+package lap
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"sync"
+)
+
+// Wire error codes (LAP v2 plus lapd's additions).
+const (
+	CodeAuthFailed       = "auth-failed"
+	CodeAuthRequired     = "auth-required"
+	CodeRevoked          = "revoked"
+	CodePaused           = "paused"
+	CodeRateLimited      = "rate-limited"
+	CodeInvalid          = "invalid"
+	CodeSchemaError      = "schema-error"
+	CodeTimeout          = "timeout"
+	CodeInternal         = "internal"
+	CodeMethodNotAllowed = "method-not-allowed"
+	CodePayloadTooLarge  = "payload-too-large"
+	CodeNotFound         = "not-found"
+	CodeShuttingDown     = "shutting-down"
+	CodeForbiddenOrigin  = "forbidden-origin"
+)
+
+// apiError is an error response: status plus the envelope fields and headers.
+type apiError struct {
+	status      int
+	code        string
+	detail      string
+	retryAfter  int64  // ms; >0 adds retryAfterMs and a Retry-After header (seconds, rounded up)
+	reconnect   string // 503 paused only
+	retryAfterS int    // explicit Retry-After seconds (paused); overrides retryAfter's header
+}
+
+func errf(status int, code, detail string) *apiError {
+	return &apiError{status: status, code: code, detail: detail}
+}
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func getBuf() *bytes.Buffer {
+	b := bufPool.Get().(*bytes.Buffer)
+	b.Reset()
+	return b
+}
+
+func putBuf(b *bytes.Buffer) {
+	if b.Cap() > 1<<20 {
+		return // do not keep huge buffers
+	}
+	bufPool.Put(b)
+}
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	type body struct {
+		Code       string `json:"code"`
+		Detail     string `json:"detail,omitempty"`
+		RetryAfter int64  `json:"retryAfterMs,omitempty"`
+		Reconnect  string `json:"reconnect,omitempty"`
+	}
+	if e.reconnect != "" {
+		h.Set("X-LLui-Reconnect", e.reconnect)
+	}
+	switch {
+	case e.retryAfterS > 0:
+		h.Set("Retry-After", strconv.Itoa(e.retryAfterS))
+	case e.retryAfter > 0:
+		h.Set("Retry-After", strconv.FormatInt((e.retryAfter+999)/1000, 10))
+	}
+	b, _ := json.Marshal(map[string]body{"error": {Code: e.code, Detail: e.detail, RetryAfter: e.retryAfter, Reconnect: e.reconnect}})
+	w.WriteHeader(e.status)
+	_, _ = w.Write(b)
+}
+
+// writeJSON writes a 200 with v (json.RawMessage and []byte pass through).
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	switch x := v.(type) {
+	case json.RawMessage:
+		w.Header().Set("Content-Length", strconv.Itoa(len(x)))
+		_, _ = w.Write(x)
+	case []byte:
+		w.Header().Set("Content-Length", strconv.Itoa(len(x)))
+		_, _ = w.Write(x)
+	default:
+		buf := getBuf()
+		enc := json.NewEncoder(buf)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(v); err != nil {
+			putBuf(buf)
+			writeError(w, errf(http.StatusInternalServerError, CodeInternal, "encode response: "+err.Error()))
+			return
+		}
+		b := bytes.TrimRight(buf.Bytes(), "\n")
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		_, _ = w.Write(b)
+		putBuf(buf)
+	}
+}

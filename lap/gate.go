@@ -1,0 +1,216 @@
+package lap
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/pairing"
+	"github.com/lapd-dev/lapd/tokens"
+)
+
+// call is one gated LAP request.
+type call struct {
+	s     *Server
+	r     *http.Request
+	ctx   context.Context
+	route string
+	rec   tokens.Record
+	tid   string
+	body  []byte         // nil when absent; may be invalid JSON (treated as null)
+	audit map[string]any // lap-call detail on success
+}
+
+// lapHandler answers a gated call: a value to write as JSON (json.RawMessage
+// and []byte pass through) or an error.
+type lapHandler func(c *call) (any, *apiError)
+
+// writer is a lapHandler that writes the response itself (the hot path).
+type writer interface {
+	writeTo(w http.ResponseWriter)
+}
+
+func (s *Server) serveLAP(w http.ResponseWriter, r *http.Request, route string, h lapHandler) {
+	if !s.enter() {
+		writeError(w, errShuttingDown)
+		return
+	}
+	defer s.leave()
+	c := &call{s: s, r: r, ctx: r.Context(), route: route}
+	res, e := c.gate(w)
+	if e == nil {
+		res, e = h(c)
+	}
+	if e != nil {
+		s.auditRefusal(c.ctx, c.tid, s.cfg.BasePath+route, e)
+		writeError(w, e)
+		return
+	}
+	c.finish()
+	if wt, ok := res.(writer); ok {
+		wt.writeTo(w)
+		return
+	}
+	writeJSON(w, res)
+}
+
+// gate runs the reference's checks in order and reads the body.
+func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
+	s := c.s
+	// 1. declared size
+	if c.r.ContentLength > s.cfg.MaxBody {
+		return nil, errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+	}
+	// 2. bearer
+	auth := c.r.Header.Get("Authorization")
+	token, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok || token == "" {
+		return nil, errf(http.StatusUnauthorized, CodeAuthFailed, "missing bearer token")
+	}
+	rec, err := s.cfg.Tokens.Verify(c.ctx, token)
+	switch {
+	case errors.Is(err, tokens.ErrRevoked):
+		c.tid = rec.TID
+		return nil, errf(http.StatusForbidden, CodeRevoked, "")
+	case err != nil:
+		return nil, errf(http.StatusUnauthorized, CodeAuthFailed, "")
+	}
+	c.tid = rec.TID
+	// 3. re-read by tid
+	rec, err = s.cfg.Tokens.Get(c.ctx, c.tid)
+	if err != nil || rec.Status == tokens.StatusRevoked {
+		return nil, errf(http.StatusForbidden, CodeRevoked, "")
+	}
+	c.rec = rec
+	// 4. paired?
+	if !s.cfg.Registry.IsPaired(c.tid) {
+		return nil, s.paused(c.ctx, c.tid)
+	}
+	// 5. rate limit per tid
+	if ok, ms := s.lapRate.allow(c.tid); !ok {
+		return nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: ms}
+	}
+	// 6. body through a limit (covers chunked bodies)
+	if c.r.Body != nil && c.r.Body != http.NoBody {
+		b, err := io.ReadAll(io.LimitReader(c.r.Body, s.cfg.MaxBody+1))
+		if err != nil {
+			return nil, errf(http.StatusBadRequest, CodeInvalid, "reading body: "+err.Error())
+		}
+		if int64(len(b)) > s.cfg.MaxBody {
+			return nil, errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+		}
+		c.body = b
+	}
+	// 7. touch on arrival for long polls
+	if c.route == "/wait" || c.route == "/confirm-result" {
+		_ = s.cfg.Tokens.Touch(c.ctx, c.tid)
+	}
+	return nil, nil
+}
+
+// finish: activation (awaiting-claude → active + {t:'active'}), touch, audit.
+func (c *call) finish() {
+	ctx := context.WithoutCancel(c.ctx)
+	if c.rec.Status == tokens.StatusAwaitingClaude {
+		if _, changed, err := c.s.cfg.Tokens.Activate(ctx, c.tid); err == nil && changed {
+			_ = c.s.cfg.Registry.Push(c.tid, activeFrame)
+		}
+	}
+	_ = c.s.cfg.Tokens.Touch(ctx, c.tid)
+	d := c.audit
+	if d == nil {
+		d = map[string]any{"path": c.s.cfg.BasePath + c.route}
+	}
+	c.s.audit(ctx, c.tid, c.rec.UID, audit.EventLapCall, d)
+}
+
+var activeFrame = json.RawMessage(`{"t":"active"}`)
+
+// decode unmarshals the body into v; an absent or malformed body, or one that
+// is not a JSON object, leaves v zero (the reference reads it as null).
+func (c *call) decode(v any) {
+	if len(c.body) == 0 {
+		return
+	}
+	b := trimSpace(c.body)
+	if len(b) == 0 || b[0] != '{' {
+		return
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		// a type mismatch inside a valid object still fills what it can;
+		// invalid JSON is null.
+		if !json.Valid(b) {
+			zero(v)
+		}
+	}
+}
+
+func zero(v any) {
+	// re-decode null resets nothing; callers pass pointers to fresh zero structs,
+	// so a partial fill from invalid JSON is cleared by decoding an empty object.
+	_ = json.Unmarshal([]byte(`{}`), v)
+}
+
+func trimSpace(b []byte) []byte {
+	i, j := 0, len(b)
+	for i < j && (b[i] == ' ' || b[i] == '\n' || b[i] == '\r' || b[i] == '\t') {
+		i++
+	}
+	for j > i && (b[j-1] == ' ' || b[j-1] == '\n' || b[j-1] == '\r' || b[j-1] == '\t') {
+		j--
+	}
+	return b[i:j]
+}
+
+// paused builds the 503 paused response from tid's record.
+func (s *Server) paused(ctx context.Context, tid string) *apiError {
+	e := &apiError{status: http.StatusServiceUnavailable, code: CodePaused}
+	rec, err := s.cfg.Tokens.Get(context.WithoutCancel(ctx), tid)
+	switch {
+	case err != nil:
+		e.reconnect = "unknown"
+	case rec.Status == tokens.StatusRevoked:
+		e.reconnect = "revoked"
+	case rec.Status == tokens.StatusPendingResume:
+		now := s.cfg.Tokens.Now()
+		if rec.PendingResumeUntil > now {
+			e.reconnect = "pending"
+			e.retryAfterS = int((rec.PendingResumeUntil - now + 999) / 1000)
+			if e.retryAfterS < 1 {
+				e.retryAfterS = 1
+			}
+		} else {
+			e.reconnect = "expired"
+		}
+	default:
+		e.reconnect = "pending"
+		e.retryAfterS = 5
+	}
+	return e
+}
+
+// rpcErr maps a Registry error to the wire.
+func (c *call) rpcErr(err error) *apiError {
+	var re *pairing.RPCError
+	switch {
+	case errors.Is(err, pairing.ErrPaused):
+		return c.s.paused(c.ctx, c.tid)
+	case errors.Is(err, pairing.ErrTimeout):
+		return errf(http.StatusGatewayTimeout, CodeTimeout, "the tab did not answer in time")
+	case errors.Is(err, pairing.ErrClosed):
+		return errShuttingDown
+	case errors.As(err, &re):
+		code := re.Code
+		if code == "" {
+			code = CodeInternal
+		}
+		return errf(http.StatusInternalServerError, code, re.Detail)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled")
+	}
+	return errf(http.StatusInternalServerError, CodeInternal, err.Error())
+}

@@ -1,0 +1,60 @@
+package lap
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/confirm"
+	"github.com/lapd-dev/lapd/pairing"
+)
+
+// onPaired: a re-pair gets {t:'active'} at once; pending approvals are
+// re-delivered with confirm-sync.
+func (s *Server) onPaired(tid string, repair bool) {
+	if repair {
+		_ = s.cfg.Registry.Push(tid, activeFrame)
+	}
+	if p := s.cfg.Confirm.PendingFor(tid); len(p) > 0 {
+		_ = s.cfg.Registry.Push(tid, map[string]any{"t": "confirm-sync", "pending": p})
+	}
+}
+
+func (s *Server) onClosed(tid string) {
+	s.policies.drop(tid)
+}
+
+func (s *Server) onConfirmResolved(tid string, r pairing.ConfirmResolved) {
+	res := confirm.Resolution{Status: "confirmed", StateAfter: r.StateAfter}
+	if r.Outcome != "confirmed" {
+		res = confirm.Resolution{Status: "rejected", Reason: "user-cancelled"}
+	}
+	s.cfg.Confirm.Resolve(context.Background(), tid, r.ConfirmID, res)
+}
+
+func (s *Server) onLogAppend(tid string, entry json.RawMessage) {
+	var e struct {
+		At      int64  `json:"at"`
+		Kind    string `json:"kind"`
+		Variant string `json:"variant"`
+		Intent  string `json:"intent"`
+	}
+	_ = json.Unmarshal(entry, &e)
+	d := map[string]any{"source": "client-log", "kind": e.Kind}
+	if e.Variant != "" {
+		d["variant"] = e.Variant
+	}
+	if e.Intent != "" {
+		d["intent"] = e.Intent
+	}
+	s.cfg.Audit.Record(context.Background(), audit.Entry{At: e.At, TID: tid, Event: audit.EventLapCall, Detail: d})
+}
+
+// OnConfirmExpire is confirm.Config.OnExpire: it tells the tab (confirm-expire
+// with reason "timeout") and audits confirm-expired. The composition root
+// passes it to confirm.New before the Server exists, e.g. through a closure.
+func (s *Server) OnConfirmExpire(p confirm.Pending) {
+	_ = s.cfg.Registry.Push(p.TID, map[string]any{"t": "confirm-expire", "confirmId": p.ConfirmID, "reason": "timeout"})
+	s.cfg.Audit.Record(context.Background(), audit.Entry{TID: p.TID, Event: audit.EventConfirmExpired,
+		Detail: map[string]any{"confirmId": p.ConfirmID, "variant": p.Variant}})
+}

@@ -1,0 +1,252 @@
+package lap
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/pairing"
+	"github.com/lapd-dev/lapd/tokens"
+)
+
+// MaxMetaBody caps a meta route's body; MaxResumeTIDs caps resume/list's tids.
+const (
+	MaxMetaBody   = 64 << 10
+	MaxResumeTIDs = 100
+)
+
+type metaHandler struct {
+	method string
+	fn     func(s *Server, m *metaCall) (any, *apiError)
+}
+
+type metaCall struct {
+	r      *http.Request
+	ctx    context.Context
+	uid    string
+	origin string // the request URL's origin (scheme://host)
+	body   []byte
+}
+
+var metaRoutes = map[string]metaHandler{
+	"/agent/mint":         {http.MethodPost, (*Server).mint},
+	"/agent/resume/list":  {http.MethodPost, (*Server).resumeList},
+	"/agent/resume/claim": {http.MethodPost, (*Server).resumeClaim},
+	"/agent/revoke":       {http.MethodPost, (*Server).revoke},
+	"/agent/sessions":     {http.MethodGet, (*Server).sessions},
+}
+
+func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, h metaHandler) {
+	if !s.corsHeaders(w, r, h.method) {
+		e := errf(http.StatusForbidden, CodeForbiddenOrigin, "origin "+r.Header.Get("Origin")+" may not call "+path)
+		s.auditRefusal(r.Context(), "", path, e)
+		writeError(w, e)
+		return
+	}
+	if r.Method == http.MethodOptions {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	if !s.enter() {
+		writeError(w, errShuttingDown)
+		return
+	}
+	defer s.leave()
+	if r.Method != h.method {
+		w.Header().Set("Allow", h.method)
+		writeError(w, errf(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "use "+h.method))
+		return
+	}
+	m := &metaCall{r: r, ctx: r.Context(), origin: s.requestOrigin(r)}
+	if s.cfg.Identity != nil {
+		uid, err := s.cfg.Identity.Resolve(r)
+		if err != nil {
+			s.log.Debug("identity not resolved", "path", path, "err", err)
+			uid = ""
+		}
+		m.uid = uid
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		if r.ContentLength > MaxMetaBody {
+			e := errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+			s.auditRefusal(m.ctx, "", path, e)
+			writeError(w, e)
+			return
+		}
+		b, err := io.ReadAll(io.LimitReader(r.Body, MaxMetaBody+1))
+		if err != nil || len(b) > MaxMetaBody {
+			e := errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+			s.auditRefusal(m.ctx, "", path, e)
+			writeError(w, e)
+			return
+		}
+		m.body = b
+	}
+	res, e := h.fn(s, m)
+	if e != nil {
+		if e.status != http.StatusBadRequest {
+			s.auditRefusal(m.ctx, "", path, e)
+		}
+		writeError(w, e)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, res)
+}
+
+// requestOrigin is scheme://host of the request URL; X-Forwarded-Proto/Host
+// only count with TrustProxy > 0.
+func (s *Server) requestOrigin(r *http.Request) string {
+	scheme, host := "http", r.Host
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	if s.cfg.TrustProxy > 0 {
+		if p := firstValue(r.Header.Get("X-Forwarded-Proto")); p == "http" || p == "https" {
+			scheme = p
+		}
+		if h := firstValue(r.Header.Get("X-Forwarded-Host")); h != "" {
+			host = h
+		}
+	}
+	return scheme + "://" + host
+}
+
+func firstValue(v string) string {
+	v, _, _ = strings.Cut(v, ",")
+	return strings.TrimSpace(v)
+}
+
+func (s *Server) urls(origin string) (wsURL, lapURL string) {
+	ws := "ws" + strings.TrimPrefix(origin, "http")
+	return ws + "/agent/ws", origin + s.cfg.BasePath
+}
+
+func (s *Server) rateKey(m *metaCall) string {
+	if m.uid != "" {
+		return "uid:" + m.uid
+	}
+	return "ip:" + clientIP(m.r, s.cfg.TrustProxy)
+}
+
+func (s *Server) mint(m *metaCall) (any, *apiError) {
+	if m.uid == "" && !s.cfg.AllowAnonymous {
+		return nil, errf(http.StatusUnauthorized, CodeAuthRequired, "sign in to the app first (anonymous mint is disabled)")
+	}
+	if ok, ms := s.mintRate.allow(s.rateKey(m)); !ok {
+		return nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: ms}
+	}
+	token, rec, err := s.cfg.Tokens.Mint(m.ctx, m.uid, m.origin, "")
+	if err != nil {
+		return nil, errf(http.StatusInternalServerError, CodeInternal, "mint failed")
+	}
+	s.audit(m.ctx, rec.TID, m.uid, audit.EventMint, map[string]any{"origin": m.origin})
+	ws, lapURL := s.urls(m.origin)
+	return map[string]any{"token": token, "tid": rec.TID, "wsUrl": ws, "lapUrl": lapURL, "expiresAt": rec.ExpiresAt, "lapVersion": pairing.LapVersion}, nil
+}
+
+// AgentSession is the wire shape of a session in resume/list and sessions.
+type AgentSession struct {
+	TID        string  `json:"tid"`
+	Label      *string `json:"label"`
+	Status     string  `json:"status"`
+	CreatedAt  int64   `json:"createdAt"`
+	LastSeenAt int64   `json:"lastSeenAt"`
+}
+
+func sessionsOf(recs []tokens.Record) []AgentSession {
+	out := make([]AgentSession, 0, len(recs))
+	for _, r := range recs {
+		a := AgentSession{TID: r.TID, Status: string(r.Status), CreatedAt: r.CreatedAt, LastSeenAt: r.LastSeenAt}
+		if r.Label != "" {
+			l := r.Label
+			a.Label = &l
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+func (s *Server) resumeList(m *metaCall) (any, *apiError) {
+	var b struct {
+		TIDs json.RawMessage `json:"tids"`
+	}
+	_ = json.Unmarshal(m.body, &b)
+	var tids []string
+	if json.Unmarshal(b.TIDs, &tids) != nil || tids == nil {
+		return nil, errf(http.StatusBadRequest, CodeInvalid, "tids must be an array of strings")
+	}
+	if len(tids) > MaxResumeTIDs {
+		tids = tids[:MaxResumeTIDs]
+	}
+	recs, err := s.cfg.Tokens.ResumeList(m.ctx, m.uid, tids)
+	if err != nil {
+		return nil, errf(http.StatusInternalServerError, CodeInternal, "resume list failed")
+	}
+	return map[string]any{"sessions": sessionsOf(recs)}, nil
+}
+
+func tidOf(body []byte) (string, bool) {
+	var b struct {
+		TID json.RawMessage `json:"tid"`
+	}
+	_ = json.Unmarshal(body, &b)
+	tid, ok := optString(b.TID)
+	return tid, ok && tid != ""
+}
+
+func (s *Server) resumeClaim(m *metaCall) (any, *apiError) {
+	tid, ok := tidOf(m.body)
+	if !ok {
+		return nil, errf(http.StatusBadRequest, CodeInvalid, "tid required")
+	}
+	if ok, ms := s.mintRate.allow(s.rateKey(m)); !ok {
+		return nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: ms}
+	}
+	token, rec, err := s.cfg.Tokens.Claim(m.ctx, tid, m.uid, m.origin)
+	if err != nil {
+		if errors.Is(err, tokens.ErrForbidden) || errors.Is(err, tokens.ErrNotFound) || errors.Is(err, tokens.ErrExpired) || errors.Is(err, tokens.ErrRevoked) {
+			return nil, errf(http.StatusForbidden, CodeRevoked, "")
+		}
+		return nil, errf(http.StatusInternalServerError, CodeInternal, "claim failed")
+	}
+	s.idem.drop(tid)
+	s.audit(m.ctx, tid, m.uid, audit.EventClaim, map[string]any{"origin": m.origin})
+	ws, lapURL := s.urls(m.origin)
+	return map[string]any{"token": token, "tid": rec.TID, "wsUrl": ws, "lapUrl": lapURL, "expiresAt": rec.ExpiresAt}, nil
+}
+
+func (s *Server) revoke(m *metaCall) (any, *apiError) {
+	tid, ok := tidOf(m.body)
+	if !ok {
+		return nil, errf(http.StatusBadRequest, CodeInvalid, "tid required")
+	}
+	if _, err := s.cfg.Tokens.Revoke(m.ctx, tid, m.uid); err != nil {
+		if errors.Is(err, tokens.ErrForbidden) || errors.Is(err, tokens.ErrNotFound) {
+			return nil, errf(http.StatusForbidden, CodeRevoked, "")
+		}
+		return nil, errf(http.StatusInternalServerError, CodeInternal, "revoke failed")
+	}
+	s.cfg.Registry.Unregister(tid)
+	s.cfg.Confirm.Drop(context.WithoutCancel(m.ctx), tid)
+	s.idem.drop(tid)
+	s.policies.drop(tid)
+	s.descs.drop(tid)
+	s.audit(m.ctx, tid, m.uid, audit.EventRevoke, map[string]any{})
+	return map[string]string{"status": "revoked"}, nil
+}
+
+func (s *Server) sessions(m *metaCall) (any, *apiError) {
+	if m.uid == "" {
+		return map[string]any{"sessions": []AgentSession{}}, nil
+	}
+	recs, err := s.cfg.Tokens.Sessions(m.ctx, m.uid)
+	if err != nil {
+		return nil, errf(http.StatusInternalServerError, CodeInternal, "sessions failed")
+	}
+	return map[string]any{"sessions": sessionsOf(recs)}, nil
+}

@@ -1,0 +1,365 @@
+package lap
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/lapd-dev/lapd/pairing"
+)
+
+var lapRoutes map[string]lapHandler
+
+func init() {
+	lapRoutes = map[string]lapHandler{
+		"/describe":         routeDescribe,
+		"/observe":          routeObserve,
+		"/state":            routeState,
+		"/query-state":      routeQueryState,
+		"/actions":          forward("list_actions"),
+		"/message":          routeMessage,
+		"/confirm-result":   routeConfirmResult,
+		"/wait":             routeWait,
+		"/narrate":          routeNarrate,
+		"/query-dom":        routeQueryDOM,
+		"/describe-visible": forward("describe_visible_content"),
+		"/context":          forward("describe_context"),
+		"/recent-actions":   routeRecentActions,
+		"/would-dispatch":   routeWouldDispatch,
+	}
+}
+
+var emptyArgs = json.RawMessage(`{}`)
+
+// forward is a route that is one RPC with no arguments; the result passes through.
+func forward(tool string) lapHandler {
+	return func(c *call) (any, *apiError) {
+		res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, tool, emptyArgs, 0)
+		if err != nil {
+			return nil, c.rpcErr(err)
+		}
+		c.audit = map[string]any{"tool": tool}
+		return res, nil
+	}
+}
+
+// optString reads an optional string field: absent/null → "", true.
+func optString(raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", true
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// optNumber reads an optional number; absent/null/non-number → def.
+func optNumber(raw json.RawMessage, def float64) float64 {
+	var f float64
+	if len(raw) == 0 || json.Unmarshal(raw, &f) != nil {
+		return def
+	}
+	return f
+}
+
+// timeoutMs turns a caller's timeoutMs into a duration in [0, MaxTimeout].
+func timeoutMs(raw json.RawMessage, def time.Duration) time.Duration {
+	ms := optNumber(raw, float64(def/time.Millisecond))
+	if ms != ms || ms < 0 { // NaN or negative
+		return def
+	}
+	d := time.Duration(ms * float64(time.Millisecond))
+	if ms > float64(MaxTimeout/time.Millisecond) {
+		d = MaxTimeout
+	}
+	return d
+}
+
+func routeDescribe(c *call) (any, *apiError) {
+	h, ok := c.s.cfg.Registry.Hello(c.tid)
+	if !ok {
+		return nil, c.s.paused(c.ctx, c.tid)
+	}
+	c.audit = map[string]any{"tool": "describe_app"}
+	return json.RawMessage(c.s.descs.get(c.tid, h)), nil
+}
+
+// observeResp splices the tab's observe result with the description and health.
+type observeResp struct {
+	result json.RawMessage
+	desc   []byte
+	health pairing.Health
+}
+
+func (o observeResp) writeTo(w http.ResponseWriter) {
+	buf := getBuf()
+	defer putBuf(buf)
+	res := trimSpace(o.result)
+	if len(res) >= 2 && res[0] == '{' && res[len(res)-1] == '}' {
+		buf.Write(res[:len(res)-1])
+		if len(trimSpace(res[1:len(res)-1])) > 0 {
+			buf.WriteByte(',')
+		}
+	} else {
+		// not an object: keep it visible under "result"
+		buf.WriteString(`{"result":`)
+		buf.Write(res)
+		buf.WriteByte(',')
+	}
+	buf.WriteString(`"description":`)
+	buf.Write(o.desc)
+	buf.WriteString(`,"health":`)
+	hb, _ := json.Marshal(o.health)
+	buf.Write(hb)
+	buf.WriteByte('}')
+	hd := w.Header()
+	hd.Set("Content-Type", "application/json")
+	hd.Set("Content-Length", strconv.Itoa(buf.Len()))
+	_, _ = w.Write(buf.Bytes())
+}
+
+func routeObserve(c *call) (any, *apiError) {
+	h, ok := c.s.cfg.Registry.Hello(c.tid)
+	if !ok {
+		return nil, c.s.paused(c.ctx, c.tid)
+	}
+	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, "observe", emptyArgs, 0)
+	if err != nil {
+		return nil, c.rpcErr(err)
+	}
+	c.audit = map[string]any{"tool": "observe"}
+	return observeResp{result: res, desc: c.s.descs.get(c.tid, h), health: c.s.cfg.Registry.Health(c.tid)}, nil
+}
+
+type pathBody struct {
+	Path json.RawMessage `json:"path"`
+}
+
+func routeState(c *call) (any, *apiError) {
+	var b pathBody
+	c.decode(&b)
+	path, ok := optString(b.Path)
+	if !ok {
+		return nil, errf(http.StatusBadRequest, CodeInvalid, "path must be a string")
+	}
+	args, _ := json.Marshal(map[string]string{"path": path})
+	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, "get_state", json.RawMessage(args), 0)
+	if err != nil {
+		return nil, c.rpcErr(err)
+	}
+	c.audit = map[string]any{"tool": "get_state", "path": path}
+	return res, nil
+}
+
+func routeQueryState(c *call) (any, *apiError) {
+	var b pathBody
+	c.decode(&b)
+	path, ok := optString(b.Path)
+	if !ok || len(b.Path) == 0 || string(b.Path) == "null" {
+		return nil, errf(http.StatusBadRequest, CodeInvalid, "path required (a JSON Pointer string)")
+	}
+	args, _ := json.Marshal(map[string]string{"path": path})
+	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, "query_state", json.RawMessage(args), 0)
+	if err != nil {
+		return nil, c.rpcErr(err)
+	}
+	c.audit = map[string]any{"tool": "query_state", "path": path}
+	return res, nil
+}
+
+func routeQueryDOM(c *call) (any, *apiError) {
+	var b struct {
+		Name     json.RawMessage `json:"name"`
+		Multiple json.RawMessage `json:"multiple"`
+	}
+	c.decode(&b)
+	name, ok := optString(b.Name)
+	if !ok || name == "" {
+		return nil, errf(http.StatusBadRequest, CodeInvalid, "name required")
+	}
+	multiple := truthy(b.Multiple)
+	args, _ := json.Marshal(map[string]any{"name": name, "multiple": multiple})
+	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, "query_dom", json.RawMessage(args), 0)
+	if err != nil {
+		return nil, c.rpcErr(err)
+	}
+	c.audit = map[string]any{"tool": "query_dom", "name": name}
+	return res, nil
+}
+
+// truthy coerces a JSON value to bool the way JavaScript's Boolean() does.
+func truthy(raw json.RawMessage) bool {
+	var v any
+	if len(raw) == 0 || json.Unmarshal(raw, &v) != nil {
+		return false
+	}
+	switch x := v.(type) {
+	case nil:
+		return false
+	case bool:
+		return x
+	case float64:
+		return x != 0 && x == x
+	case string:
+		return x != ""
+	}
+	return true
+}
+
+func routeWait(c *call) (any, *apiError) {
+	var b struct {
+		Path      json.RawMessage `json:"path"`
+		TimeoutMs json.RawMessage `json:"timeoutMs"`
+	}
+	c.decode(&b)
+	path, ok := optString(b.Path)
+	if !ok {
+		return nil, errf(http.StatusBadRequest, CodeInvalid, "path must be a string")
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, timeoutMs(b.TimeoutMs, 10*time.Second))
+	defer cancel()
+	state, err := c.s.cfg.Registry.Watch(ctx, c.tid, path)
+	c.audit = map[string]any{"path": c.s.cfg.BasePath + "/wait", "outcome": "changed"}
+	switch {
+	case err == nil:
+		return concat(`{"status":"changed","stateAfter":`, orNull(state), `}`), nil
+	case errors.Is(err, pairing.ErrTimeout) || (errors.Is(err, context.DeadlineExceeded) && c.ctx.Err() == nil):
+		c.audit["outcome"] = "timeout"
+		return json.RawMessage(`{"status":"timeout","stateAfter":null}`), nil
+	}
+	return nil, c.rpcErr(err)
+}
+
+func routeNarrate(c *call) (any, *apiError) {
+	var b struct {
+		Text   json.RawMessage `json:"text"`
+		Intent json.RawMessage `json:"intent"`
+	}
+	c.decode(&b)
+	text, ok := optString(b.Text)
+	if !ok || text == "" {
+		return nil, errf(http.StatusBadRequest, CodeInvalid, "text required")
+	}
+	intent, ok := optString(b.Intent)
+	if !ok || intent == "" {
+		intent = "Agent narrated"
+	}
+	now := c.s.cfg.Clock().UnixMilli()
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	entry := map[string]any{
+		"id": "narrate-" + strconv.FormatInt(now, 10) + "-" + hex.EncodeToString(rnd[:]),
+		"at": now, "kind": "narrate", "intent": intent, "detail": text,
+	}
+	if err := c.s.cfg.Registry.Push(c.tid, map[string]any{"t": "log-push", "entry": entry}); err != nil {
+		return nil, c.rpcErr(err)
+	}
+	c.audit = map[string]any{"tool": "narrate"}
+	return json.RawMessage(`{"ok":true}`), nil
+}
+
+// MaxRecentActions caps /recent-actions n (the tab ring holds 100).
+const MaxRecentActions = 100
+
+func routeRecentActions(c *call) (any, *apiError) {
+	var b struct {
+		N    json.RawMessage `json:"n"`
+		Kind json.RawMessage `json:"kind"`
+	}
+	c.decode(&b)
+	n := int(optNumber(b.N, 10))
+	if n <= 0 {
+		n = 10
+	}
+	if n > MaxRecentActions {
+		n = MaxRecentActions
+	}
+	kind, _ := optString(b.Kind)
+	entries := c.s.cfg.Registry.RecentLog(c.tid, n, kind)
+	if entries == nil {
+		entries = []json.RawMessage{}
+	}
+	c.audit = map[string]any{"tool": "describe_recent_actions", "count": len(entries), "kindFilter": kind}
+	return map[string]any{"entries": entries}, nil
+}
+
+// concat builds a JSON response from pieces without decoding.
+func concat(parts ...any) json.RawMessage {
+	var buf bytes.Buffer
+	for _, p := range parts {
+		switch x := p.(type) {
+		case string:
+			buf.WriteString(x)
+		case json.RawMessage:
+			buf.Write(x)
+		case []byte:
+			buf.Write(x)
+		}
+	}
+	return buf.Bytes()
+}
+
+func orNull(raw json.RawMessage) json.RawMessage {
+	if len(trimSpace(raw)) == 0 {
+		return json.RawMessage("null")
+	}
+	return raw
+}
+
+// descCache keeps the encoded /describe object per tid, rebuilt when the
+// tab's hello changes.
+type descCache struct {
+	mu sync.Mutex
+	m  map[string]descEntry
+}
+
+type descEntry struct {
+	hello pairing.Hello
+	enc   []byte
+}
+
+func sameHello(a, b pairing.Hello) bool {
+	return a.AppName == b.AppName && a.AppVersion == b.AppVersion && a.SchemaHash == b.SchemaHash &&
+		bytes.Equal(a.MsgSchema, b.MsgSchema) && bytes.Equal(a.StateSchema, b.StateSchema) &&
+		bytes.Equal(a.Docs, b.Docs)
+}
+
+func (d *descCache) get(tid string, h pairing.Hello) []byte {
+	d.mu.Lock()
+	e, ok := d.m[tid]
+	d.mu.Unlock()
+	if ok && sameHello(e.hello, h) {
+		return e.enc
+	}
+	enc, _ := json.Marshal(map[string]any{
+		"name": h.AppName, "version": h.AppVersion,
+		"stateSchema": orNull(h.StateSchema), "messages": orNull(h.MsgSchema), "docs": orNull(h.Docs),
+		"conventions": map[string]any{
+			"dispatchModel": "TEA", "confirmationModel": "runtime-mediated",
+			"readSurfaces": []string{"state", "query_dom", "describe_visible_content", "describe_context"},
+		},
+		"schemaHash": h.SchemaHash,
+	})
+	d.mu.Lock()
+	if d.m == nil {
+		d.m = map[string]descEntry{}
+	}
+	d.m[tid] = descEntry{hello: h, enc: enc}
+	d.mu.Unlock()
+	return enc
+}
+
+func (d *descCache) drop(tid string) {
+	d.mu.Lock()
+	delete(d.m, tid)
+	d.mu.Unlock()
+}

@@ -1,0 +1,264 @@
+// Package lap is lapd's HTTP face: the meta routes a browser app calls
+// (mint, resume, revoke, sessions) and the LAP v2 routes an LLM bridge calls
+// (/agent/lap/v1/observe, /message, ...), with the reference's gates, error
+// envelope and status codes, plus lapd's additions (docs/PROTOCOL.md).
+//
+// Build a Server from the other parts and mount its Handler:
+//
+//	srv, err := lap.New(lap.Config{Tokens: tm, Registry: reg, Confirm: cm, Audit: al})
+//	mux.Handle("/agent/", srv.Handler())
+//	mux.Handle("/agent/ws", reg)
+//
+// Every LAP route goes through the same gate, in the reference's order:
+// declared size (413), bearer (401/403), record re-read (403 revoked), paired
+// tab (503 paused + X-LLui-Reconnect/Retry-After), per-tid rate limit (429 +
+// Retry-After), body size while reading (413). The handler then usually makes
+// one RPC to the tab through the pairing registry; its raw JSON result is
+// spliced into the response, never decoded and re-encoded (the hot path).
+// Every refusal is audited.
+//
+// lapd adds server-side policy enforcement (the tab's hello.policy compiled by
+// the schema package, checked before a /message or /would-dispatch frame
+// reaches the tab), idempotent /message (idempotencyKey), tab health in
+// /observe, CORS with an allowlist on the meta routes, and Drain for graceful
+// restarts.
+//
+// The Client interface is how the mcp package reaches LAP: NewHTTPClient over
+// the network, or (*Server).Client in-process through the very same handler.
+package lap
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/confirm"
+	"github.com/lapd-dev/lapd/pairing"
+	"github.com/lapd-dev/lapd/tokens"
+)
+
+// Defaults.
+const (
+	DefaultBasePath       = "/agent/lap/v1"
+	DefaultMaxBody        = 1 << 20
+	DefaultIdempotencyTTL = 10 * time.Minute
+	// MaxTimeout caps every caller-supplied timeoutMs (/message, /wait, /confirm-result).
+	MaxTimeout = 2 * time.Minute
+)
+
+// DefaultRate is the reference's "30/minute" with a burst of 30.
+var DefaultRate = rate.Every(2 * time.Second)
+
+// Config configures a Server. Zero values mean the documented defaults.
+type Config struct {
+	Tokens   *tokens.Manager   // required
+	Registry *pairing.Registry // required
+	Confirm  *confirm.Manager  // required
+	Audit    *audit.Log        // nil = no audit
+	Logger   *slog.Logger      // nil = discard
+
+	BasePath string // LAP base path; default "/agent/lap/v1"
+	MaxBody  int64  // LAP request body cap; default 1 MiB
+
+	LAPRate     rate.Limit // per-tid LAP calls; default 30/min
+	LAPBurst    int        // default 30
+	MintRate    rate.Limit // per uid (or client IP when anonymous) for mint and resume/claim; default 30/min
+	MintBurst   int        // default 30
+	MaxRateKeys int        // keys per limiter; default 100,000 (over it new keys get 429)
+
+	Identity       IdentityResolver // nil = everyone is anonymous
+	AllowAnonymous bool             // mint without an identity; default false (401 auth-required)
+	CORSOrigins    []string         // exact origins allowed to call the meta routes cross-origin
+	TrustProxy     int              // number of trusted proxies: X-Forwarded-For/-Proto/-Host are read only when > 0
+
+	IdempotencyTTL time.Duration    // how long a /message idempotencyKey is remembered; default 10m
+	MaxIdemKeys    int              // keys remembered per tid; default 1,000
+	Clock          func() time.Time // default time.Now
+}
+
+// Server serves the meta and LAP routes. Safe for concurrent use.
+type Server struct {
+	cfg      Config
+	log      *slog.Logger
+	lapRate  *limiter
+	mintRate *limiter
+	idem     *idempotency
+	policies policyCache
+	descs    descCache
+	cors     map[string]bool
+	handler  http.Handler
+
+	mu       sync.Mutex
+	inflight int
+	draining bool
+	idle     chan struct{}
+}
+
+// New checks cfg, installs the server's pairing hooks on cfg.Registry and
+// returns the Server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Tokens == nil || cfg.Registry == nil || cfg.Confirm == nil {
+		return nil, errors.New("lap: Config needs Tokens, Registry and Confirm")
+	}
+	if cfg.BasePath == "" {
+		cfg.BasePath = DefaultBasePath
+	}
+	cfg.BasePath = "/" + strings.Trim(cfg.BasePath, "/")
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.LAPRate == 0 {
+		cfg.LAPRate = DefaultRate
+	}
+	if cfg.LAPBurst <= 0 {
+		cfg.LAPBurst = 30
+	}
+	if cfg.MintRate == 0 {
+		cfg.MintRate = DefaultRate
+	}
+	if cfg.MintBurst <= 0 {
+		cfg.MintBurst = 30
+	}
+	if cfg.IdempotencyTTL <= 0 {
+		cfg.IdempotencyTTL = DefaultIdempotencyTTL
+	}
+	if cfg.MaxIdemKeys <= 0 {
+		cfg.MaxIdemKeys = 1000
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.TrustProxy < 0 {
+		return nil, errors.New("lap: TrustProxy must be ≥ 0")
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		lapRate:  newLimiter(cfg.LAPRate, cfg.LAPBurst, cfg.MaxRateKeys, cfg.Clock),
+		mintRate: newLimiter(cfg.MintRate, cfg.MintBurst, cfg.MaxRateKeys, cfg.Clock),
+		idem:     newIdempotency(cfg.IdempotencyTTL, cfg.MaxIdemKeys, cfg.Clock),
+		cors:     map[string]bool{},
+		idle:     make(chan struct{}),
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	for _, o := range cfg.CORSOrigins {
+		s.cors[strings.TrimRight(o, "/")] = true
+	}
+	s.handler = http.HandlerFunc(s.serveHTTP)
+	cfg.Registry.SetHooks(pairing.Hooks{
+		OnPaired:          s.onPaired,
+		OnClosed:          s.onClosed,
+		OnConfirmResolved: s.onConfirmResolved,
+		OnLogAppend:       s.onLogAppend,
+	})
+	return s, nil
+}
+
+// Handler serves the meta routes under /agent and the LAP routes under
+// BasePath; anything else is a JSON 404.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// BasePath is the LAP base path in use.
+func (s *Server) BasePath() string { return s.cfg.BasePath }
+
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	if tail, ok := strings.CutPrefix(path, s.cfg.BasePath+"/"); ok {
+		if h, ok := lapRoutes["/"+tail]; ok {
+			s.serveLAP(w, r, "/"+tail, h)
+			return
+		}
+	}
+	if m, ok := metaRoutes[path]; ok {
+		s.serveMeta(w, r, path, m)
+		return
+	}
+	writeError(w, errf(http.StatusNotFound, CodeNotFound, "no route "+path))
+}
+
+// enter counts an in-flight call; false while draining.
+func (s *Server) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return false
+	}
+	s.inflight++
+	return true
+}
+
+func (s *Server) leave() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inflight--
+	if s.draining && s.inflight == 0 {
+		close(s.idle)
+	}
+}
+
+// Drain makes every new meta and LAP call answer 503 shutting-down (with
+// Retry-After) while the calls in flight finish. It cannot be undone.
+func (s *Server) Drain() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return
+	}
+	s.draining = true
+	if s.inflight == 0 {
+		close(s.idle)
+	}
+}
+
+// Draining reports whether Drain was called.
+func (s *Server) Draining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.draining
+}
+
+// WaitIdle waits, after Drain, until no call is in flight, or for ctx.
+func (s *Server) WaitIdle(ctx context.Context) error {
+	if !s.Draining() {
+		return errors.New("lap: WaitIdle before Drain")
+	}
+	select {
+	case <-s.idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+var errShuttingDown = &apiError{status: http.StatusServiceUnavailable, code: CodeShuttingDown,
+	detail: "lapd is restarting; retry in a few seconds", retryAfterS: 5}
+
+func (s *Server) audit(ctx context.Context, tid, uid, event string, detail map[string]any) {
+	s.cfg.Audit.Record(context.WithoutCancel(ctx), audit.Entry{TID: tid, UID: uid, Event: event, Detail: detail})
+}
+
+// auditRefusal records a gate refusal under the matching event.
+func (s *Server) auditRefusal(ctx context.Context, tid, endpoint string, e *apiError) {
+	ev := audit.EventRefused
+	switch e.code {
+	case CodeAuthFailed, CodeAuthRequired:
+		ev = audit.EventAuthFailed
+	case CodeRateLimited:
+		ev = audit.EventRateLimited
+	}
+	d := map[string]any{"endpoint": endpoint, "status": e.status, "code": e.code}
+	if e.reconnect != "" {
+		d["reconnect"] = e.reconnect
+	}
+	s.audit(ctx, tid, "", ev, d)
+}
