@@ -12,6 +12,9 @@ import (
 // onPaired: a re-pair gets {t:'active'} at once; pending approvals are
 // re-delivered with confirm-sync.
 func (s *Server) onPaired(tid string, repair bool) {
+	s.tabsMu.Lock()
+	s.tabs[tid] = struct{}{}
+	s.tabsMu.Unlock()
 	if repair {
 		_ = s.cfg.Registry.Push(tid, activeFrame)
 	}
@@ -21,6 +24,9 @@ func (s *Server) onPaired(tid string, repair bool) {
 }
 
 func (s *Server) onClosed(tid string) {
+	s.tabsMu.Lock()
+	delete(s.tabs, tid)
+	s.tabsMu.Unlock()
 	s.policies.drop(tid)
 }
 
@@ -57,4 +63,11 @@ func (s *Server) OnConfirmExpire(p confirm.Pending) {
 	_ = s.cfg.Registry.Push(p.TID, map[string]any{"t": "confirm-expire", "confirmId": p.ConfirmID, "reason": "timeout"})
 	s.cfg.Audit.Record(context.Background(), audit.Entry{TID: p.TID, Event: audit.EventConfirmExpired,
 		Detail: map[string]any{"confirmId": p.ConfirmID, "variant": p.Variant}})
+}
+
+// PairedTabs is how many tids have a live socket (for /healthz).
+func (s *Server) PairedTabs() int {
+	s.tabsMu.Lock()
+	defer s.tabsMu.Unlock()
+	return len(s.tabs)
 }

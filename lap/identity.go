@@ -80,9 +80,12 @@ type JWTConfig struct {
 	HS256    string // shared secret (≥ 32 chars) for HS256
 	RS256PEM string // PEM public key for RS256
 	ES256PEM string // PEM public key for ES256
-	Issuer   string // required iss when set
-	Audience string // required aud when set
-	Claim    string // the uid claim; default "sub"
+	// PublicKeyPEM is a PEM public key whose type picks the algorithm (RSA →
+	// RS256, EC P-256 → ES256); handy for a --jwt-public-key file.
+	PublicKeyPEM string
+	Issuer       string // required iss when set
+	Audience     string // required aud when set
+	Claim        string // the uid claim; default "sub"
 }
 
 // JWTIdentity verifies a JWT issued by the host app's own auth and returns one
@@ -122,6 +125,15 @@ func NewJWTIdentity(cfg JWTConfig) (*JWTIdentity, error) {
 			return nil, fmt.Errorf("lap: ES256 public key: %w", err)
 		}
 		j.keys["ES256"] = k
+	}
+	if cfg.PublicKeyPEM != "" {
+		if k, err := jwt.ParseRSAPublicKeyFromPEM([]byte(cfg.PublicKeyPEM)); err == nil {
+			j.keys["RS256"] = k
+		} else if k, err2 := jwt.ParseECPublicKeyFromPEM([]byte(cfg.PublicKeyPEM)); err2 == nil {
+			j.keys["ES256"] = k
+		} else {
+			return nil, fmt.Errorf("lap: public key is neither RSA (%v) nor EC (%v)", err, err2)
+		}
 	}
 	if len(j.keys) == 0 {
 		return nil, errors.New("lap: JWT identity needs a key (HS256, RS256PEM or ES256PEM)")

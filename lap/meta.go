@@ -101,6 +101,9 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 // requestOrigin is scheme://host of the request URL; X-Forwarded-Proto/Host
 // only count with TrustProxy > 0.
 func (s *Server) requestOrigin(r *http.Request) string {
+	if s.cfg.PublicURL != "" {
+		return s.cfg.PublicURL
+	}
 	scheme, host := "http", r.Host
 	if r.TLS != nil {
 		scheme = "https"
@@ -232,6 +235,7 @@ func (s *Server) revoke(m *metaCall) (any, *apiError) {
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "revoke failed")
 	}
 	s.cfg.Registry.Unregister(tid)
+	s.onClosed(tid)
 	s.cfg.Confirm.Drop(context.WithoutCancel(m.ctx), tid)
 	s.idem.drop(tid)
 	s.policies.drop(tid)

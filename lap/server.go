@@ -30,9 +30,11 @@ package lap
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -78,6 +80,7 @@ type Config struct {
 	AllowAnonymous bool             // mint without an identity; default false (401 auth-required)
 	CORSOrigins    []string         // exact origins allowed to call the meta routes cross-origin
 	TrustProxy     int              // number of trusted proxies: X-Forwarded-For/-Proto/-Host are read only when > 0
+	PublicURL      string           // public origin (https://app.example.com) for mint/claim URLs and origins; "" = from each request
 
 	IdempotencyTTL time.Duration    // how long a /message idempotencyKey is remembered; default 10m
 	MaxIdemKeys    int              // keys remembered per tid; default 1,000
@@ -96,6 +99,9 @@ type Server struct {
 	cors     map[string]bool
 	handler  http.Handler
 
+	tabsMu sync.Mutex
+	tabs   map[string]struct{}
+
 	mu       sync.Mutex
 	inflight int
 	draining bool
@@ -112,6 +118,13 @@ func New(cfg Config) (*Server, error) {
 		cfg.BasePath = DefaultBasePath
 	}
 	cfg.BasePath = "/" + strings.Trim(cfg.BasePath, "/")
+	if cfg.PublicURL != "" {
+		u, err := url.Parse(cfg.PublicURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("lap: PublicURL %q must be an http(s) origin", cfg.PublicURL)
+		}
+		cfg.PublicURL = u.Scheme + "://" + u.Host
+	}
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
@@ -147,6 +160,7 @@ func New(cfg Config) (*Server, error) {
 		idem:     newIdempotency(cfg.IdempotencyTTL, cfg.MaxIdemKeys, cfg.Clock),
 		cors:     map[string]bool{},
 		idle:     make(chan struct{}),
+		tabs:     map[string]struct{}{},
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
