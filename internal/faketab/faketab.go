@@ -896,7 +896,9 @@ func deepCopy(v any) (any, error) {
 	return out, err
 }
 
-func unescape(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "~1", "/"), "~0", "~") }
+func unescape(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "~1", "/"), "~0", "~")
+}
 
 // lenientPointer: "" or "/" is the root, empty segments are skipped.
 func lenientPointer(v any, p string) (any, bool) {
