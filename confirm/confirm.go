@@ -4,17 +4,105 @@
 // approvals are persisted in a Store so they survive a server restart and can
 // be re-delivered to a tab that reconnects; one never answered expires after
 // Expiry as rejected with reason "timeout".
+//
+// # Using a Manager
+//
+// Create one Manager per server with a Store (NewMemoryStore, or a
+// SQLiteStore to survive restarts):
+//
+//	st, _ := confirm.OpenSQLite("lapd-data/lapd.db")
+//	m, _ := confirm.New(ctx, confirm.Config{Store: st, OnExpire: pushConfirmExpire})
+//	defer m.Close() // also closes st
+//
+// When the tab answers a /message with pending-confirmation, record it:
+//
+//	m.Propose(ctx, confirm.Pending{TID: tid, ConfirmID: id, Variant: "clearAll"})
+//
+// When the tab sends confirm-resolved, record the outcome; every waiter wakes:
+//
+//	m.Resolve(ctx, tid, id, confirm.Resolution{Status: "confirmed", StateAfter: st})
+//
+// A /message long-poll or a /confirm-result poll waits, bounded by its ctx:
+//
+//	r, err := m.Wait(ctx, tid, id) // err: ctx.Err(), ErrUnknown, ErrClosed
+//
+// # Semantics
+//
+//   - Level-triggered: a resolution is kept for Keep (default 5 min), so a
+//     Wait that starts after the resolution (the "poll gap") still sees it.
+//     Any number of waiters may wait on one id; all get the same answer.
+//   - First wins: a second Resolve of the same id is ignored.
+//   - Resolving an id that was never proposed (the tab answered a confirm the
+//     server never saw proposed, e.g. after a restart with a memory store, or
+//     the human clicked before the proposal was recorded) is still recorded
+//     and kept; a later Propose of that id is then a no-op and Wait returns
+//     the resolution at once.
+//   - An approval not answered within Expiry (default 10 min) resolves as
+//     {status:"rejected", reason:"timeout"}, is deleted from the Store, and
+//     Config.OnExpire is called, outside every lock, from a timer goroutine.
+//   - New loads every approval in the Store and re-arms its timer; one that
+//     already expired expires right after New returns.
+//   - Bounds: at most MaxPendingPerTID pending approvals per tid (Propose
+//     returns ErrTooManyPending past that), at most MaxKept kept resolutions
+//     in all and MaxKeptPerTID per tid (the oldest are dropped first, so a
+//     misbehaving tab cannot evict another tab's answers).
+//
+// Timers are ordinary time.AfterFunc timers and times are read from
+// Config.Clock, so tests drive expiry and keep windows with testing/synctest.
 package confirm
 
 import (
+	"container/list"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
 	"time"
 )
 
 // ErrUnknown: no pending approval or kept resolution with that id for that tid.
 var ErrUnknown = errors.New("confirm: unknown confirmId")
+
+// ErrTooManyPending is returned by Propose when the tid already has
+// MaxPendingPerTID approvals pending.
+var ErrTooManyPending = errors.New("confirm: too many pending approvals for this session")
+
+// ErrClosed is returned by calls on a closed Manager, and by Wait calls that
+// were blocked when it closed.
+var ErrClosed = errors.New("confirm: manager closed")
+
+// ErrDuplicate is returned by Propose when the confirmId is already pending
+// for that tid.
+var ErrDuplicate = errors.New("confirm: confirmId already pending")
+
+// Bounds of a Manager.
+const (
+	MaxPendingPerTID = 1000    // pending approvals per tid
+	MaxKept          = 10000   // kept resolutions in all
+	MaxKeptPerTID    = 1000    // kept resolutions per tid
+	MaxIDLen         = 200     // length of a confirmId or tid
+	MaxPayload       = 1 << 20 // bytes of a Pending.Payload
+)
+
+// Defaults of Config.
+const (
+	DefaultExpiry = 10 * time.Minute
+	DefaultKeep   = 5 * time.Minute
+)
+
+// Resolution statuses and reasons.
+const (
+	StatusConfirmed     = "confirmed"
+	StatusRejected      = "rejected"
+	ReasonUserCancelled = "user-cancelled"
+	ReasonTimeout       = "timeout"
+)
+
+// storeTimeout bounds store writes made from timer goroutines.
+const storeTimeout = 5 * time.Second
 
 // Pending is a proposed action awaiting the human. Times in Unix ms.
 type Pending struct {
@@ -52,38 +140,436 @@ type Config struct {
 	Keep     time.Duration    // resolutions kept; default 5m
 	Clock    func() time.Time // default time.Now
 	OnExpire func(p Pending)  // called (outside locks) when an approval times out; push confirm-expire here
+	Logger   *slog.Logger     // store failures in timer goroutines; nil = discard
+}
+
+type key struct{ tid, id string }
+
+// entry is one approval, pending or resolved. Fields are guarded by
+// Manager.mu; done is closed exactly once, after res/resolved/err are set.
+type entry struct {
+	key      key
+	p        Pending
+	pending  bool
+	timer    *time.Timer
+	done     chan struct{}
+	resolved bool
+	res      Resolution
+	err      error // why done was closed without a resolution
+	keepTill time.Time
+	gElem    *list.Element // in Manager.kept
+	tElem    *list.Element // in tidState.kept
+}
+
+type tidState struct {
+	pending map[string]*entry
+	kept    map[string]*entry
+	order   *list.List // kept entries of this tid, oldest first
+	seq     map[string]uint64
 }
 
 // Manager tracks approvals. Safe for concurrent use.
 type Manager struct {
-	cfg Config
+	cfg   Config
+	log   *slog.Logger
+	ready chan struct{} // closed when New returns; timer callbacks wait for it
+
+	mu     sync.Mutex
+	closed bool
+	tids   map[string]*tidState
+	kept   *list.List // every kept resolution, oldest first
+	sweep  *time.Timer
+	seq    uint64 // proposal order, breaks ProposedAt ties in PendingFor
+	timers sync.WaitGroup
 }
 
 // New loads the store's pending approvals and starts their expiry timers.
-func New(ctx context.Context, cfg Config) (*Manager, error) { panic("confirm: New not implemented") }
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	if cfg.Expiry <= 0 {
+		cfg.Expiry = DefaultExpiry
+	}
+	if cfg.Keep <= 0 {
+		cfg.Keep = DefaultKeep
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	m := &Manager{
+		cfg:   cfg,
+		log:   cfg.Logger,
+		ready: make(chan struct{}),
+		tids:  make(map[string]*tidState),
+		kept:  list.New(),
+	}
+	if m.log == nil {
+		m.log = slog.New(slog.DiscardHandler)
+	}
+	defer close(m.ready)
+	if cfg.Store == nil {
+		return m, nil
+	}
+	ps, err := cfg.Store.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("confirm: load pending approvals: %w", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, p := range ps {
+		ts := m.tid(p.TID)
+		if _, dup := ts.pending[p.ConfirmID]; dup {
+			continue
+		}
+		m.addPending(ts, p)
+	}
+	return m, nil
+}
+
+func (m *Manager) now() time.Time { return m.cfg.Clock() }
+
+// tid returns tid's state, creating it. Caller holds mu.
+func (m *Manager) tid(tid string) *tidState {
+	ts := m.tids[tid]
+	if ts == nil {
+		ts = &tidState{
+			pending: make(map[string]*entry),
+			kept:    make(map[string]*entry),
+			order:   list.New(),
+			seq:     make(map[string]uint64),
+		}
+		m.tids[tid] = ts
+	}
+	return ts
+}
+
+// forget removes tid's state once it holds nothing. Caller holds mu.
+func (m *Manager) forget(tid string) {
+	if ts := m.tids[tid]; ts != nil && len(ts.pending) == 0 && len(ts.kept) == 0 {
+		delete(m.tids, tid)
+	}
+}
+
+// addPending indexes p and arms its expiry timer. Caller holds mu.
+func (m *Manager) addPending(ts *tidState, p Pending) *entry {
+	e := &entry{key: key{p.TID, p.ConfirmID}, p: p, pending: true, done: make(chan struct{})}
+	ts.pending[p.ConfirmID] = e
+	m.seq++
+	ts.seq[p.ConfirmID] = m.seq
+	d := time.UnixMilli(p.ExpiresAt).Sub(m.now())
+	m.timers.Add(1)
+	e.timer = time.AfterFunc(max(d, 0), func() { m.expire(e) })
+	return e
+}
+
+// stopTimer stops t, accounting for the timer WaitGroup. Caller holds mu.
+func (m *Manager) stopTimer(t *time.Timer) {
+	if t != nil && t.Stop() {
+		m.timers.Done()
+	}
+}
+
+func validID(s string) bool { return s != "" && len(s) <= MaxIDLen }
 
 // Propose records a pending approval (ProposedAt/ExpiresAt filled if zero).
-func (m *Manager) Propose(ctx context.Context, p Pending) error { panic("not implemented") }
+// If the id was already resolved (the human answered before the proposal was
+// recorded), Propose does nothing and returns nil: Wait returns that answer.
+// It returns ErrDuplicate if the id is already pending, ErrTooManyPending past
+// MaxPendingPerTID, and the Store's error if persisting fails.
+func (m *Manager) Propose(ctx context.Context, p Pending) error {
+	if !validID(p.TID) || !validID(p.ConfirmID) {
+		return fmt.Errorf("confirm: tid and confirmId must be 1..%d bytes", MaxIDLen)
+	}
+	if len(p.Payload) > MaxPayload {
+		return fmt.Errorf("confirm: payload of %d bytes is over the %d byte limit", len(p.Payload), MaxPayload)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
+	now := m.now()
+	if p.ProposedAt == 0 {
+		p.ProposedAt = now.UnixMilli()
+	}
+	if p.ExpiresAt == 0 {
+		p.ExpiresAt = now.Add(m.cfg.Expiry).UnixMilli()
+	}
+	ts := m.tid(p.TID)
+	if _, ok := ts.pending[p.ConfirmID]; ok {
+		return ErrDuplicate
+	}
+	if e, ok := ts.kept[p.ConfirmID]; ok && now.Before(e.keepTill) {
+		return nil
+	}
+	if len(ts.pending) >= MaxPendingPerTID {
+		m.forget(p.TID)
+		return fmt.Errorf("%w (limit %d)", ErrTooManyPending, MaxPendingPerTID)
+	}
+	if m.cfg.Store != nil {
+		if err := m.cfg.Store.Put(ctx, p); err != nil {
+			m.forget(p.TID)
+			return fmt.Errorf("confirm: persist approval: %w", err)
+		}
+	}
+	m.addPending(ts, p)
+	return nil
+}
 
 // Resolve records the outcome for tid/confirmID and wakes its waiters. It
 // returns the pending entry and true if it was pending; a second resolution
-// of the same id is ignored (first wins).
+// of the same id is ignored (first wins). An id that is not pending is still
+// recorded (and kept for Keep), because the tab may answer a confirm this
+// server never saw proposed; Resolve then returns false.
 func (m *Manager) Resolve(ctx context.Context, tid, confirmID string, r Resolution) (Pending, bool) {
-	panic("not implemented")
+	if !validID(tid) || !validID(confirmID) {
+		return Pending{}, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return Pending{}, false
+	}
+	m.sweepLocked()
+	ts := m.tid(tid)
+	if _, ok := ts.kept[confirmID]; ok {
+		return Pending{}, false
+	}
+	e, wasPending := ts.pending[confirmID]
+	if wasPending {
+		m.stopTimer(e.timer)
+		if m.cfg.Store != nil {
+			if err := m.cfg.Store.Delete(ctx, tid, confirmID); err != nil {
+				m.log.Warn("confirm: delete resolved approval from store", "tid", tid, "confirmId", confirmID, "err", err)
+			}
+		}
+		if r.Variant == "" {
+			r.Variant = e.p.Variant
+		}
+	} else {
+		e = &entry{key: key{tid, confirmID}, done: make(chan struct{})}
+	}
+	m.resolveLocked(ts, e, r)
+	return e.p, wasPending
+}
+
+// resolveLocked moves e from pending to kept with r and wakes its waiters.
+// Caller holds mu and has stopped e's timer and updated the store.
+func (m *Manager) resolveLocked(ts *tidState, e *entry, r Resolution) {
+	now := m.now()
+	if r.ResolvedAt == 0 {
+		r.ResolvedAt = now.UnixMilli()
+	}
+	delete(ts.pending, e.key.id)
+	delete(ts.seq, e.key.id)
+	e.pending = false
+	e.resolved = true
+	e.res = r
+	e.keepTill = now.Add(m.cfg.Keep)
+	close(e.done)
+
+	ts.kept[e.key.id] = e
+	e.tElem = ts.order.PushBack(e)
+	e.gElem = m.kept.PushBack(e)
+	for ts.order.Len() > MaxKeptPerTID {
+		m.unkeep(ts.order.Front().Value.(*entry))
+	}
+	for m.kept.Len() > MaxKept {
+		m.unkeep(m.kept.Front().Value.(*entry))
+	}
+	m.armSweep()
+}
+
+// unkeep forgets a kept resolution. Caller holds mu.
+func (m *Manager) unkeep(e *entry) {
+	ts := m.tids[e.key.tid]
+	m.kept.Remove(e.gElem)
+	if ts != nil {
+		ts.order.Remove(e.tElem)
+		delete(ts.kept, e.key.id)
+		m.forget(e.key.tid)
+	}
+}
+
+// sweepLocked drops kept resolutions past their keep window. Caller holds mu.
+func (m *Manager) sweepLocked() {
+	now := m.now()
+	for f := m.kept.Front(); f != nil; f = m.kept.Front() {
+		e := f.Value.(*entry)
+		if now.Before(e.keepTill) {
+			return
+		}
+		m.unkeep(e)
+	}
+}
+
+// armSweep makes sure a timer will sweep the oldest kept resolution. Caller
+// holds mu.
+func (m *Manager) armSweep() {
+	if m.sweep != nil || m.kept.Len() == 0 || m.closed {
+		return
+	}
+	d := m.kept.Front().Value.(*entry).keepTill.Sub(m.now())
+	m.timers.Add(1)
+	var t *time.Timer
+	t = time.AfterFunc(max(d, 0), func() {
+		defer m.timers.Done()
+		<-m.ready
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.sweep != t {
+			return
+		}
+		m.sweep = nil
+		m.sweepLocked()
+		m.armSweep()
+	})
+	m.sweep = t
+}
+
+// expire is e's timer callback.
+func (m *Manager) expire(e *entry) {
+	defer m.timers.Done()
+	<-m.ready
+	m.mu.Lock()
+	ts := m.tids[e.key.tid]
+	if m.closed || !e.pending || ts == nil || ts.pending[e.key.id] != e {
+		m.mu.Unlock()
+		return
+	}
+	if m.cfg.Store != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		if err := m.cfg.Store.Delete(ctx, e.key.tid, e.key.id); err != nil {
+			m.log.Warn("confirm: delete expired approval from store", "tid", e.key.tid, "confirmId", e.key.id, "err", err)
+		}
+		cancel()
+	}
+	m.resolveLocked(ts, e, Resolution{Status: StatusRejected, Reason: ReasonTimeout, Variant: e.p.Variant})
+	p := e.p
+	m.mu.Unlock()
+	if m.cfg.OnExpire != nil {
+		m.cfg.OnExpire(p)
+	}
 }
 
 // Wait blocks until tid/confirmID is resolved (returning at once if it
 // already was, within Keep) or ctx is done (ctx.Err()). ErrUnknown if the id
-// is neither pending nor resolved.
+// is neither pending nor resolved, or if it is dropped while waiting;
+// ErrClosed if the Manager closes while waiting.
 func (m *Manager) Wait(ctx context.Context, tid, confirmID string) (Resolution, error) {
-	panic("not implemented")
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return Resolution{}, ErrClosed
+	}
+	m.sweepLocked()
+	ts := m.tids[tid]
+	var e *entry
+	if ts != nil {
+		if e = ts.kept[confirmID]; e == nil {
+			e = ts.pending[confirmID]
+		}
+	}
+	m.mu.Unlock()
+	if e == nil {
+		return Resolution{}, ErrUnknown
+	}
+	select {
+	case <-e.done:
+		if e.resolved {
+			return e.res, nil
+		}
+		return Resolution{}, e.err
+	case <-ctx.Done():
+		return Resolution{}, ctx.Err()
+	}
 }
 
 // PendingFor lists tid's pending approvals, oldest first.
-func (m *Manager) PendingFor(tid string) []Pending { panic("not implemented") }
+func (m *Manager) PendingFor(tid string) []Pending {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ts := m.tids[tid]
+	if ts == nil || len(ts.pending) == 0 {
+		return nil
+	}
+	es := make([]*entry, 0, len(ts.pending))
+	for _, e := range ts.pending {
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(a, b *entry) int {
+		if a.p.ProposedAt != b.p.ProposedAt {
+			return cmpInt(a.p.ProposedAt, b.p.ProposedAt)
+		}
+		return cmpInt(ts.seq[a.key.id], ts.seq[b.key.id])
+	})
+	out := make([]Pending, len(es))
+	for i, e := range es {
+		out[i] = e.p
+	}
+	return out
+}
 
-// Drop forgets everything about tid (revoke).
-func (m *Manager) Drop(ctx context.Context, tid string) { panic("not implemented") }
+func cmpInt[T int64 | uint64](a, b T) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
 
-// Close stops timers and closes the store.
-func (m *Manager) Close() error { panic("not implemented") }
+// Drop forgets everything about tid (revoke): its pending approvals are
+// removed from the Store without a resolution, its kept resolutions are
+// forgotten, and its waiters return ErrUnknown. OnExpire is not called.
+func (m *Manager) Drop(ctx context.Context, tid string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ts := m.tids[tid]
+	if ts == nil {
+		return
+	}
+	for id, e := range ts.pending {
+		m.stopTimer(e.timer)
+		e.pending = false
+		e.err = ErrUnknown
+		close(e.done)
+		if m.cfg.Store != nil {
+			if err := m.cfg.Store.Delete(ctx, tid, id); err != nil {
+				m.log.Warn("confirm: delete dropped approval from store", "tid", tid, "confirmId", id, "err", err)
+			}
+		}
+	}
+	for _, e := range ts.kept {
+		m.kept.Remove(e.gElem)
+	}
+	delete(m.tids, tid)
+}
+
+// Close stops timers, wakes every waiter with ErrClosed, waits for timer
+// callbacks that already started, and closes the store. Pending approvals
+// stay in the Store for the next New. Close is idempotent.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	m.stopTimer(m.sweep)
+	m.sweep = nil
+	for _, ts := range m.tids {
+		for _, e := range ts.pending {
+			m.stopTimer(e.timer)
+			e.err = ErrClosed
+			close(e.done)
+		}
+	}
+	m.tids = make(map[string]*tidState)
+	m.kept.Init()
+	m.mu.Unlock()
+	m.timers.Wait()
+	if m.cfg.Store != nil {
+		return m.cfg.Store.Close()
+	}
+	return nil
+}

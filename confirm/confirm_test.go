@@ -1,0 +1,490 @@
+package confirm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func newManager(t *testing.T, cfg Config) *Manager {
+	t.Helper()
+	m, err := New(t.Context(), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func prop(tid, id string) Pending {
+	return Pending{TID: tid, ConfirmID: id, Variant: "clearAll", Payload: json.RawMessage(`{}`), Intent: "Delete every task"}
+}
+
+var confirmed = Resolution{Status: StatusConfirmed, StateAfter: json.RawMessage(`{"todos":[]}`)}
+
+func TestProposeResolveWait(t *testing.T) {
+	t.Parallel()
+	store := NewMemoryStore()
+	m := newManager(t, Config{Store: store})
+	ctx := t.Context()
+	if err := m.Propose(ctx, prop("t1", "c1")); err != nil {
+		t.Fatal(err)
+	}
+	if ps, _ := store.List(ctx); len(ps) != 1 {
+		t.Fatalf("store holds %d approvals, want 1", len(ps))
+	}
+	p, ok := m.Resolve(ctx, "t1", "c1", confirmed)
+	if !ok || p.ConfirmID != "c1" || p.ProposedAt == 0 || p.ExpiresAt <= p.ProposedAt {
+		t.Fatalf("Resolve = %+v, %v; want the pending entry with times filled, true", p, ok)
+	}
+	r, err := m.Wait(ctx, "t1", "c1")
+	if err != nil || r.Status != StatusConfirmed || string(r.StateAfter) != `{"todos":[]}` || r.Variant != "clearAll" || r.ResolvedAt == 0 {
+		t.Fatalf("Wait = %+v, %v", r, err)
+	}
+	if ps, _ := store.List(ctx); len(ps) != 0 {
+		t.Fatalf("store still holds %d approvals after Resolve", len(ps))
+	}
+	if got := m.PendingFor("t1"); len(got) != 0 {
+		t.Fatalf("PendingFor after Resolve = %v", got)
+	}
+}
+
+func TestWaitThenResolveManyWaiters(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		m := newManager(t, Config{})
+		if err := m.Propose(t.Context(), prop("t", "c")); err != nil {
+			t.Fatal(err)
+		}
+		const n = 5
+		results := make(chan Resolution, n)
+		for range n {
+			go func() {
+				r, err := m.Wait(context.Background(), "t", "c")
+				if err != nil {
+					t.Error(err)
+				}
+				results <- r
+			}()
+		}
+		synctest.Wait() // every waiter is blocked
+		if len(results) != 0 {
+			t.Fatal("a waiter returned before the resolution")
+		}
+		m.Resolve(t.Context(), "t", "c", Resolution{Status: StatusRejected, Reason: ReasonUserCancelled})
+		for range n {
+			if r := <-results; r.Status != StatusRejected || r.Reason != ReasonUserCancelled {
+				t.Fatalf("waiter got %+v", r)
+			}
+		}
+	})
+}
+
+func TestPollGap(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		m := newManager(t, Config{})
+		m.Propose(t.Context(), prop("t", "c"))
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		if _, err := m.Wait(ctx, "t", "c"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("first poll: err = %v, want deadline exceeded", err)
+		}
+		// The human approves between two polls.
+		m.Resolve(t.Context(), "t", "c", confirmed)
+		time.Sleep(time.Minute)
+		ctx2, cancel2 := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel2()
+		start := time.Now()
+		r, err := m.Wait(ctx2, "t", "c")
+		if err != nil || r.Status != StatusConfirmed {
+			t.Fatalf("second poll = %+v, %v; want the kept resolution", r, err)
+		}
+		if time.Since(start) != 0 {
+			t.Fatal("second poll blocked though the resolution was kept")
+		}
+	})
+}
+
+func TestKeepWindow(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		m := newManager(t, Config{Keep: time.Minute})
+		m.Propose(t.Context(), prop("t", "c"))
+		m.Resolve(t.Context(), "t", "c", confirmed)
+		time.Sleep(59 * time.Second)
+		if _, err := m.Wait(t.Context(), "t", "c"); err != nil {
+			t.Fatalf("Wait inside the keep window: %v", err)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait() // let the sweep timer run
+		m.mu.Lock()
+		kept, tids := m.kept.Len(), len(m.tids)
+		m.mu.Unlock()
+		if kept != 0 || tids != 0 {
+			t.Fatalf("after the keep window the sweep left %d resolutions, %d tids", kept, tids)
+		}
+		if _, err := m.Wait(t.Context(), "t", "c"); !errors.Is(err, ErrUnknown) {
+			t.Fatalf("Wait after the keep window: err = %v, want ErrUnknown", err)
+		}
+	})
+}
+
+func TestExpiry(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var expired []Pending
+		var mu sync.Mutex
+		store := NewMemoryStore()
+		m := newManager(t, Config{Store: store, Expiry: 10 * time.Minute, OnExpire: func(p Pending) {
+			mu.Lock()
+			defer mu.Unlock()
+			expired = append(expired, p)
+		}})
+		m.Propose(t.Context(), prop("t", "c"))
+		done := make(chan Resolution, 1)
+		go func() {
+			r, _ := m.Wait(context.Background(), "t", "c")
+			done <- r
+		}()
+		time.Sleep(10*time.Minute - time.Millisecond)
+		synctest.Wait()
+		if len(done) != 0 {
+			t.Fatal("resolved before Expiry")
+		}
+		time.Sleep(time.Millisecond)
+		r := <-done
+		if r.Status != StatusRejected || r.Reason != ReasonTimeout || r.Variant != "clearAll" {
+			t.Fatalf("expired resolution = %+v, want rejected/timeout", r)
+		}
+		synctest.Wait()
+		mu.Lock()
+		if len(expired) != 1 || expired[0].ConfirmID != "c" || expired[0].TID != "t" {
+			t.Fatalf("OnExpire calls = %+v, want one for t/c", expired)
+		}
+		mu.Unlock()
+		if ps, _ := store.List(t.Context()); len(ps) != 0 {
+			t.Fatalf("store still holds %+v after expiry", ps)
+		}
+		// A late approval loses: first wins.
+		if _, ok := m.Resolve(t.Context(), "t", "c", confirmed); ok {
+			t.Fatal("Resolve after expiry reported pending")
+		}
+		if r, _ := m.Wait(t.Context(), "t", "c"); r.Reason != ReasonTimeout {
+			t.Fatalf("late Resolve replaced the timeout: %+v", r)
+		}
+	})
+}
+
+func TestResolveFirstWins(t *testing.T) {
+	t.Parallel()
+	m := newManager(t, Config{})
+	m.Propose(t.Context(), prop("t", "c"))
+	if _, ok := m.Resolve(t.Context(), "t", "c", confirmed); !ok {
+		t.Fatal("first Resolve not pending")
+	}
+	if _, ok := m.Resolve(t.Context(), "t", "c", Resolution{Status: StatusRejected, Reason: ReasonUserCancelled}); ok {
+		t.Fatal("second Resolve reported pending")
+	}
+	if r, _ := m.Wait(t.Context(), "t", "c"); r.Status != StatusConfirmed {
+		t.Fatalf("Wait = %+v, want the first resolution", r)
+	}
+}
+
+func TestResolveUnproposed(t *testing.T) {
+	t.Parallel()
+	m := newManager(t, Config{})
+	ctx := t.Context()
+	if _, ok := m.Resolve(ctx, "t", "early", confirmed); ok {
+		t.Fatal("Resolve of an unproposed id reported pending")
+	}
+	if r, err := m.Wait(ctx, "t", "early"); err != nil || r.Status != StatusConfirmed {
+		t.Fatalf("Wait on an unproposed but resolved id = %+v, %v", r, err)
+	}
+	// The proposal arrives after the answer: nothing becomes pending.
+	if err := m.Propose(ctx, prop("t", "early")); err != nil {
+		t.Fatalf("Propose after Resolve: %v", err)
+	}
+	if ps := m.PendingFor("t"); len(ps) != 0 {
+		t.Fatalf("PendingFor = %+v, want none", ps)
+	}
+	if _, err := m.Wait(ctx, "t", "never"); !errors.Is(err, ErrUnknown) {
+		t.Fatalf("Wait on an unknown id: %v, want ErrUnknown", err)
+	}
+	if _, err := m.Wait(ctx, "other", "early"); !errors.Is(err, ErrUnknown) {
+		t.Fatalf("Wait with another tid: %v, want ErrUnknown", err)
+	}
+}
+
+func TestProposeErrors(t *testing.T) {
+	t.Parallel()
+	m := newManager(t, Config{})
+	ctx := t.Context()
+	if err := m.Propose(ctx, prop("t", "c")); err != nil {
+		t.Fatal(err)
+	}
+	long := string(make([]byte, MaxIDLen+1))
+	tests := []struct {
+		name string
+		p    Pending
+		want error
+	}{
+		{"duplicate", prop("t", "c"), ErrDuplicate},
+		{"empty tid", prop("", "c"), nil},
+		{"empty id", prop("t", ""), nil},
+		{"long id", prop("t", long), nil},
+		{"huge payload", Pending{TID: "t", ConfirmID: "big", Payload: make(json.RawMessage, MaxPayload+1)}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := m.Propose(ctx, tc.p)
+			if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {
+				t.Fatalf("Propose = %v, want error %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestPendingForOrder(t *testing.T) {
+	t.Parallel()
+	m := newManager(t, Config{})
+	for i, at := range []int64{300, 100, 200, 100} {
+		p := prop("t", fmt.Sprint("c", i))
+		p.ProposedAt = at
+		p.ExpiresAt = time.Now().Add(time.Hour).UnixMilli()
+		if err := m.Propose(t.Context(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for _, p := range m.PendingFor("t") {
+		got = append(got, p.ConfirmID)
+	}
+	if fmt.Sprint(got) != "[c1 c3 c2 c0]" {
+		t.Fatalf("PendingFor order = %v, want [c1 c3 c2 c0]", got)
+	}
+	if m.PendingFor("nobody") != nil {
+		t.Fatal("PendingFor of an unknown tid is not empty")
+	}
+}
+
+func TestDrop(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var expiredCalls atomic.Int32
+		store := NewMemoryStore()
+		m := newManager(t, Config{Store: store, OnExpire: func(Pending) { expiredCalls.Add(1) }})
+		m.Propose(t.Context(), prop("t", "c1"))
+		m.Propose(t.Context(), prop("t", "c2"))
+		m.Propose(t.Context(), prop("keep", "c1"))
+		m.Resolve(t.Context(), "t", "c2", confirmed)
+		errc := make(chan error, 1)
+		go func() {
+			_, err := m.Wait(context.Background(), "t", "c1")
+			errc <- err
+		}()
+		synctest.Wait()
+		m.Drop(t.Context(), "t")
+		if err := <-errc; !errors.Is(err, ErrUnknown) {
+			t.Fatalf("waiter after Drop: %v, want ErrUnknown", err)
+		}
+		if _, err := m.Wait(t.Context(), "t", "c2"); !errors.Is(err, ErrUnknown) {
+			t.Fatalf("kept resolution survived Drop: %v", err)
+		}
+		ps, _ := store.List(t.Context())
+		if len(ps) != 1 || ps[0].TID != "keep" {
+			t.Fatalf("store after Drop = %+v, want only the other tid", ps)
+		}
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if n := expiredCalls.Load(); n != 1 {
+			t.Fatalf("OnExpire called %d times, want 1 (only the other tid's approval)", n)
+		}
+		m.Drop(t.Context(), "nobody") // no-op
+	})
+}
+
+func TestBounds(t *testing.T) {
+	t.Parallel()
+	t.Run("PendingPerTID", func(t *testing.T) {
+		t.Parallel()
+		m := newManager(t, Config{})
+		for i := range MaxPendingPerTID {
+			if err := m.Propose(t.Context(), prop("t", fmt.Sprint(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := m.Propose(t.Context(), prop("t", "one-more")); !errors.Is(err, ErrTooManyPending) {
+			t.Fatalf("Propose past the limit: %v, want ErrTooManyPending", err)
+		}
+		if err := m.Propose(t.Context(), prop("other", "x")); err != nil {
+			t.Fatalf("another tid is limited too: %v", err)
+		}
+		m.Resolve(t.Context(), "t", "0", confirmed)
+		if err := m.Propose(t.Context(), prop("t", "one-more")); err != nil {
+			t.Fatalf("Propose after one resolved: %v", err)
+		}
+	})
+	t.Run("KeptPerTID", func(t *testing.T) {
+		t.Parallel()
+		m := newManager(t, Config{})
+		m.Resolve(t.Context(), "victim", "v", confirmed)
+		for i := range MaxKeptPerTID + 1 {
+			m.Resolve(t.Context(), "spammer", fmt.Sprint(i), confirmed)
+		}
+		if _, err := m.Wait(t.Context(), "spammer", "0"); !errors.Is(err, ErrUnknown) {
+			t.Fatalf("oldest of the tid not dropped: %v", err)
+		}
+		if _, err := m.Wait(t.Context(), "spammer", fmt.Sprint(MaxKeptPerTID)); err != nil {
+			t.Fatalf("newest dropped: %v", err)
+		}
+		if _, err := m.Wait(t.Context(), "victim", "v"); err != nil {
+			t.Fatalf("another tid's resolution was evicted: %v", err)
+		}
+	})
+	t.Run("KeptTotal", func(t *testing.T) {
+		t.Parallel()
+		m := newManager(t, Config{})
+		for i := range MaxKept + 1 {
+			m.Resolve(t.Context(), fmt.Sprint("t", i%(MaxKept/MaxKeptPerTID+1)), fmt.Sprint(i), confirmed)
+		}
+		m.mu.Lock()
+		n := m.kept.Len()
+		m.mu.Unlock()
+		if n != MaxKept {
+			t.Fatalf("kept %d resolutions, want %d", n, MaxKept)
+		}
+		if _, err := m.Wait(t.Context(), "t0", "0"); !errors.Is(err, ErrUnknown) {
+			t.Fatalf("oldest resolution not dropped: %v", err)
+		}
+	})
+}
+
+func TestClose(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		m, err := New(t.Context(), Config{Store: NewMemoryStore()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Propose(t.Context(), prop("t", "c"))
+		errc := make(chan error, 1)
+		go func() {
+			_, err := m.Wait(context.Background(), "t", "c")
+			errc <- err
+		}()
+		synctest.Wait()
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errc; !errors.Is(err, ErrClosed) {
+			t.Fatalf("waiter after Close: %v, want ErrClosed", err)
+		}
+		if err := m.Close(); err != nil {
+			t.Fatalf("second Close: %v", err)
+		}
+		if err := m.Propose(t.Context(), prop("t", "d")); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Propose after Close: %v", err)
+		}
+		if _, err := m.Wait(t.Context(), "t", "c"); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Wait after Close: %v", err)
+		}
+	})
+}
+
+// TestRestartSQLite proposes approvals, "restarts" the server (closes the
+// Manager and its SQLite file, opens both again) and checks that the
+// approvals are pending again and still expire and resolve.
+func TestRestartSQLite(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "lapd.db")
+	synctest.Test(t, func(t *testing.T) {
+		open := func(onExpire func(Pending)) *Manager {
+			st, err := OpenSQLite(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := New(t.Context(), Config{Store: st, Expiry: 10 * time.Minute, OnExpire: onExpire})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}
+		m := open(nil)
+		p := prop("t", "will-expire")
+		p.Payload = json.RawMessage(`{"all":true}`)
+		m.Propose(t.Context(), p)
+		time.Sleep(time.Minute)
+		m.Propose(t.Context(), prop("t", "will-confirm"))
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+
+		time.Sleep(time.Minute) // server down for a minute
+		expired := make(chan Pending, 2)
+		m = open(func(p Pending) { expired <- p })
+		defer m.Close()
+		ps := m.PendingFor("t")
+		if len(ps) != 2 || ps[0].ConfirmID != "will-expire" || string(ps[0].Payload) != `{"all":true}` || ps[1].ConfirmID != "will-confirm" {
+			t.Fatalf("after restart PendingFor = %+v", ps)
+		}
+		if _, ok := m.Resolve(t.Context(), "t", "will-confirm", confirmed); !ok {
+			t.Fatal("reloaded approval not pending")
+		}
+		// will-expire was proposed 2 minutes ago: 8 minutes left.
+		time.Sleep(8*time.Minute - time.Millisecond)
+		synctest.Wait()
+		if len(expired) != 0 {
+			t.Fatal("reloaded approval expired early")
+		}
+		time.Sleep(time.Millisecond)
+		if got := <-expired; got.ConfirmID != "will-expire" {
+			t.Fatalf("expired %+v", got)
+		}
+		if r, _ := m.Wait(t.Context(), "t", "will-expire"); r.Reason != ReasonTimeout {
+			t.Fatalf("Wait = %+v, want timeout", r)
+		}
+		if ps, _ := m.cfg.Store.List(t.Context()); len(ps) != 0 {
+			t.Fatalf("SQLite still holds %+v", ps)
+		}
+	})
+}
+
+func TestLoadAlreadyExpired(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		store := NewMemoryStore()
+		now := time.Now().UnixMilli()
+		store.Put(t.Context(), Pending{TID: "t", ConfirmID: "old", Variant: "v", ProposedAt: now - 20*60_000, ExpiresAt: now - 10*60_000})
+		expired := make(chan Pending, 1)
+		m := newManager(t, Config{Store: store, OnExpire: func(p Pending) { expired <- p }})
+		if got := (<-expired).ConfirmID; got != "old" {
+			t.Fatalf("expired %q", got)
+		}
+		if r, err := m.Wait(t.Context(), "t", "old"); err != nil || r.Reason != ReasonTimeout {
+			t.Fatalf("Wait = %+v, %v", r, err)
+		}
+	})
+}
+
+func TestInjectedClock(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	m := newManager(t, Config{Clock: func() time.Time { return at }, Expiry: time.Minute})
+	m.Propose(t.Context(), prop("t", "c"))
+	ps := m.PendingFor("t")
+	if ps[0].ProposedAt != at.UnixMilli() || ps[0].ExpiresAt != at.Add(time.Minute).UnixMilli() {
+		t.Fatalf("times = %d, %d; want from the injected clock", ps[0].ProposedAt, ps[0].ExpiresAt)
+	}
+}
