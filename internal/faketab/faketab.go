@@ -408,6 +408,20 @@ func (t *Tab) readLoop() {
 		if json.Unmarshal(b, &env) != nil {
 			continue
 		}
+		// watches are stored before the frame is recorded, so a test that
+		// saw the watch frame can SetState right away.
+		switch env.T {
+		case "watch", "unwatch":
+			var id string
+			_ = json.Unmarshal(env.ID, &id)
+			t.mu.Lock()
+			if env.T == "watch" {
+				t.watches[id] = env.Path
+			} else {
+				delete(t.watches, id)
+			}
+			t.mu.Unlock()
+		}
 		t.record(Frame{T: env.T, Raw: b})
 		switch env.T {
 		case "hello-ack":
@@ -420,18 +434,6 @@ func (t *Tab) readLoop() {
 				defer t.wg.Done()
 				t.answer(id, env.Tool, env.Args)
 			}()
-		case "watch":
-			var id string
-			_ = json.Unmarshal(env.ID, &id)
-			t.mu.Lock()
-			t.watches[id] = env.Path
-			t.mu.Unlock()
-		case "unwatch":
-			var id string
-			_ = json.Unmarshal(env.ID, &id)
-			t.mu.Lock()
-			delete(t.watches, id)
-			t.mu.Unlock()
 		case "log-push":
 			var f struct {
 				Entry json.RawMessage `json:"entry"`
