@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	_ "modernc.org/sqlite" // database/sql driver "sqlite"
+
+	"github.com/lapd-dev/lapd/audit"
+)
+
+// runAudit is `lapd audit`: print and filter audit entries from the SQLite
+// database in --data-dir (the default sink of `lapd serve`) or a JSONL file.
+func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) error {
+	var dataDir, file, tid, event, since, until, format string
+	var limit int
+	fs := newFlagSet("lapd audit", stderr, env)
+	fs.String(&dataDir, "data-dir", "lapd-data", "data directory of lapd serve (reads lapd.db)")
+	fs.StringVar(&file, "file", "", "read a JSONL audit file (from --audit file:PATH) instead of the database")
+	fs.StringVar(&tid, "tid", "", "only entries of this session id")
+	fs.StringVar(&event, "event", "", "only this event (mint, claim, revoke, lap-call, msg-dispatched, msg-blocked, confirm-*, rate-limited, auth-failed, refused, …)")
+	fs.StringVar(&since, "since", "", "only entries at or after this time: RFC 3339, or a duration ago such as 15m or 2h")
+	fs.StringVar(&until, "until", "", "only entries before this time (same forms as --since)")
+	fs.IntVar(&limit, "limit", 100, "at most this many (the newest); 0 = all")
+	fs.StringVar(&format, "format", "text", "text (one line each) or json (JSONL)")
+	if err := fs.parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	now := time.Now()
+	f := audit.Filter{TID: tid, Event: event, Limit: limit}
+	var err error
+	if f.Since, err = parseWhen(since, now); err != nil {
+		return usageError{"--since: " + err.Error()}
+	}
+	if f.Until, err = parseWhen(until, now); err != nil {
+		return usageError{"--until: " + err.Error()}
+	}
+	if format != "text" && format != "json" {
+		return usageError{"--format must be text or json"}
+	}
+	if limit < 0 {
+		return usageError{"--limit must be 0 or more"}
+	}
+
+	var q audit.Querier
+	if file != "" {
+		if _, err := os.Stat(file); err != nil {
+			return fmt.Errorf("audit file: %w", err)
+		}
+		s, err := audit.OpenJSONLFile(file)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		q = s
+	} else {
+		path := filepath.Join(dataDir, "lapd.db")
+		if _, err := os.Stat(path); err != nil {
+			return fmt.Errorf("no audit database at %s (run lapd serve with --data-dir %s, or pass --file): %w", path, dataDir, err)
+		}
+		db, err := sql.Open("sqlite", "file:"+path+"?"+url.Values{"_pragma": {"busy_timeout(5000)"}}.Encode())
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		s, err := audit.NewSQLiteSink(db)
+		if err != nil {
+			return err
+		}
+		q = s
+	}
+	entries, err := q.Query(ctx, f)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if format == "json" {
+			b, _ := json.Marshal(e)
+			fmt.Fprintf(stdout, "%s\n", b)
+		} else {
+			fmt.Fprintln(stdout, audit.FormatText(e))
+		}
+	}
+	if len(entries) == 0 {
+		fmt.Fprintln(stderr, "no matching audit entries")
+	}
+	return nil
+}
+
+// parseWhen reads "" (no bound), an RFC 3339 time, a duration ago ("15m"),
+// or Unix milliseconds; it returns Unix ms.
+func parseWhen(s string, now time.Time) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		return now.Add(-d).UnixMilli(), nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t.UnixMilli(), nil
+	}
+	if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return ms, nil
+	}
+	return 0, fmt.Errorf("%q is not a time (use RFC 3339 like 2026-11-23T10:00:00Z, a duration ago like 15m, or Unix ms)", s)
+}

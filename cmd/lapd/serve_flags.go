@@ -1,0 +1,117 @@
+package main
+
+import (
+	"io"
+	"net"
+	"strings"
+	"time"
+)
+
+// serveConfig is everything `lapd serve` can be told.
+type serveConfig struct {
+	Addr            string
+	PublicURL       string
+	DataDir         string
+	Store           string
+	Origins         string
+	AllowAnonymous  string // auto | true | false
+	TrustProxy      int
+	TokenTTL        time.Duration
+	SlidingTTL      time.Duration
+	Grace           time.Duration
+	ConfirmExpiry   time.Duration
+	PingInterval    time.Duration
+	LAPRate         int
+	MintRate        int
+	Audit           string
+	LogLevel        string
+	LogFormat       string
+	Demo            bool
+	MCP             bool
+	ShutdownTimeout time.Duration
+
+	IdentityCookie    string
+	IdentityCookieKey string
+	JWTCookie         string
+	JWTHeader         string
+	JWTHS256Secret    string
+	JWTPublicKeyFile  string
+	JWTIssuer         string
+	JWTAudience       string
+	JWTClaim          string
+}
+
+func parseServeFlags(args []string, stderr io.Writer, env func(string) string) (serveConfig, error) {
+	var c serveConfig
+	fs := newFlagSet("lapd serve", stderr, env)
+	fs.String(&c.Addr, "addr", "127.0.0.1:8787", "listen address")
+	fs.String(&c.PublicURL, "public-url", "", "public base URL when behind a proxy (e.g. https://app.example.com); default: from each request")
+	fs.String(&c.DataDir, "data-dir", "lapd-data", "directory for the SQLite database (tokens, pending approvals, audit)")
+	fs.String(&c.Store, "store", "sqlite", "token and approval store: sqlite (in --data-dir) or memory (lost on restart)")
+	fs.String(&c.Origins, "origins", "", "comma-separated extra origins allowed for the WebSocket, CORS on meta routes and /agent/mcp (same origin is always allowed)")
+	fs.String(&c.AllowAnonymous, "allow-anonymous", "auto", "mint tokens without an identity: auto (only when listening on loopback), true, false")
+	fs.Int(&c.TrustProxy, "trust-proxy", 0, "number of reverse proxies in front of lapd whose X-Forwarded-* headers are trusted")
+	fs.Duration(&c.TokenTTL, "token-ttl", 24*time.Hour, "hard expiry of an agent token")
+	fs.Duration(&c.SlidingTTL, "sliding-ttl", 0, "expire a token unused for this long (0 = off)")
+	fs.Duration(&c.Grace, "grace", 60*time.Second, "how long a disconnected tab may re-pair with the same token")
+	fs.Duration(&c.ConfirmExpiry, "confirm-expiry", 10*time.Minute, "an approval nobody answers is rejected (reason timeout) after this long")
+	fs.Duration(&c.PingInterval, "heartbeat", 15*time.Second, "WebSocket heartbeat interval; a tab missing two is closed")
+	fs.Int(&c.LAPRate, "lap-rate", 30, "LAP calls per minute per token (burst the same)")
+	fs.Int(&c.MintRate, "mint-rate", 30, "mints per minute per identity or client IP (burst the same)")
+	fs.String(&c.Audit, "audit", "stdout", "audit sinks, comma-separated: stdout, file:PATH, sqlite (in --data-dir), none")
+	fs.String(&c.LogLevel, "log-level", "info", "debug, info, warn, error")
+	fs.String(&c.LogFormat, "log-format", "text", "text or json (logs go to stderr)")
+	fs.Bool(&c.Demo, "demo", true, "serve the demo app at /")
+	fs.Bool(&c.MCP, "mcp", true, "serve the MCP Streamable HTTP endpoint at /agent/mcp")
+	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
+	fs.String(&c.IdentityCookie, "identity-cookie", "", "name of a signed cookie <uid>.<base64url(HMAC-SHA256(key, uid))> that names the user for mint")
+	fs.String(&c.IdentityCookieKey, "identity-cookie-key", "", "HMAC key for --identity-cookie (at least 32 characters)")
+	fs.String(&c.JWTCookie, "jwt-cookie", "", "cookie holding the host app's login JWT (names the user for mint)")
+	fs.String(&c.JWTHeader, "jwt-header", "", "header holding the host app's login JWT, e.g. Authorization")
+	fs.String(&c.JWTHS256Secret, "jwt-hs256-secret", "", "HS256 secret for the login JWT")
+	fs.String(&c.JWTPublicKeyFile, "jwt-public-key", "", "PEM file with an RS256 or ES256 public key for the login JWT")
+	fs.String(&c.JWTIssuer, "jwt-issuer", "", "required iss of the login JWT")
+	fs.String(&c.JWTAudience, "jwt-audience", "", "required aud of the login JWT")
+	fs.String(&c.JWTClaim, "jwt-claim", "sub", "claim of the login JWT that holds the user id")
+	if err := fs.parse(args); err != nil {
+		return c, err
+	}
+	switch c.Store {
+	case "sqlite", "memory":
+	default:
+		return c, usageError{"--store must be sqlite or memory, not " + c.Store}
+	}
+	switch c.AllowAnonymous {
+	case "auto", "true", "false":
+	default:
+		return c, usageError{"--allow-anonymous must be auto, true or false, not " + c.AllowAnonymous}
+	}
+	if c.LAPRate <= 0 || c.MintRate <= 0 {
+		return c, usageError{"--lap-rate and --mint-rate must be positive"}
+	}
+	return c, nil
+}
+
+// splitList splits a comma-separated flag value, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// isLoopback reports whether a listen address only accepts local connections.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
