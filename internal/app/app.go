@@ -31,6 +31,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -88,6 +89,9 @@ type App struct {
 	db      *sql.DB
 	closers []io.Closer
 	log     *slog.Logger
+
+	shutOnce sync.Once
+	shutErr  error
 }
 
 // New builds every part. On error whatever was opened is closed again.
@@ -233,7 +237,13 @@ func (a *App) healthz(w http.ResponseWriter, r *http.Request) {
 // Shutdown drains the LAP server (new calls get 503 shutting-down), waits for
 // the calls in flight (bounded by ctx), closes every tab with 1012 so it
 // reconnects to the next process, then closes confirm, the stores and audit.
+// Calling it again returns the first call's result.
 func (a *App) Shutdown(ctx context.Context) error {
+	a.shutOnce.Do(func() { a.shutErr = a.shutdown(ctx) })
+	return a.shutErr
+}
+
+func (a *App) shutdown(ctx context.Context) error {
 	a.LAP.Drain()
 	var errs []error
 	if err := a.LAP.WaitIdle(ctx); err != nil {

@@ -1,0 +1,274 @@
+package lap_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/faketab"
+)
+
+func TestServerSidePolicy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, _, tab := e.paired(faketab.WithPolicy(faketab.DemoPolicy()))
+	tests := []struct {
+		route, body, reason string
+	}{
+		{"/message", `{"msg":{"type":"reset"}}`, "human-only"},
+		{"/message", `{"msg":{"type":"launchMissiles"}}`, "invalid"},
+		{"/message", `{"msg":{"type":"addTodo","title":""}}`, "schema-error"},
+		{"/message", `{"msg":{"type":"addTodo","title":"x","extra":1}}`, "schema-error"},
+		{"/would-dispatch", `{"msg":{"type":"reset"}}`, "human-only"},
+		{"/would-dispatch", `{"msg":{"type":"nope"}}`, "invalid"},
+	}
+	for _, tc := range tests {
+		r := e.lapCall(token, tc.route, tc.body)
+		m := r.json(t)
+		if r.status != 200 || m["status"] != "rejected" || m["reason"] != tc.reason {
+			t.Errorf("%s %s: %d %s, want rejected/%s", tc.route, tc.body, r.status, r.body, tc.reason)
+		}
+	}
+	if n := tab.RPCCount("send_message") + tab.RPCCount("would_dispatch"); n != 0 {
+		t.Errorf("%d rpc frames reached the tab", n)
+	}
+	if n := len(e.sink.events(audit.EventMsgBlocked)); n != len(tests) {
+		t.Errorf("msg-blocked audited %d times, want %d", n, len(tests))
+	}
+	r := e.lapCall(token, "/message", `{"msg":{"type":"addTodo","title":"milk"}}`)
+	if !strings.Contains(string(r.body), `"dispatched"`) || tab.RPCCount("send_message") != 1 {
+		t.Errorf("valid msg: %d %s", r.status, r.body)
+	}
+}
+
+func TestIdempotentMessage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	release := make(chan struct{})
+	var calls sync.WaitGroup
+	calls.Add(1)
+	var once sync.Once
+	token, tid, tab := e.paired(faketab.WithHandler("send_message", func(json.RawMessage) (any, *faketab.RPCError) {
+		once.Do(calls.Done)
+		<-release
+		return map[string]any{"status": "dispatched", "stateDiff": []any{map[string]any{"op": "replace", "path": "/count", "value": 1}}}, nil
+	}))
+	body := `{"msg":{"type":"inc"},"idempotencyKey":"k1"}`
+	var wg sync.WaitGroup
+	out := make([]resp, 3)
+	for i := range out {
+		wg.Add(1)
+		go func() { defer wg.Done(); out[i] = e.lapCall(token, "/message", body) }()
+	}
+	calls.Wait()
+	close(release)
+	wg.Wait()
+	for i, r := range out {
+		if r.status != 200 || string(r.body) != string(out[0].body) {
+			t.Errorf("call %d: %d %s vs %s", i, r.status, r.body, out[0].body)
+		}
+	}
+	if n := tab.RPCCount("send_message"); n != 1 {
+		t.Errorf("send_message reached the tab %d times", n)
+	}
+	// across a reconnect: same tid, same key → no new dispatch
+	tab.Close()
+	tab2 := e.dial(token)
+	_ = tid
+	r := e.lapCall(token, "/message", body)
+	if r.status != 200 || string(r.body) != string(out[0].body) || tab2.RPCCount("send_message") != 0 {
+		t.Errorf("after reconnect: %d %s (rpcs %d)", r.status, r.body, tab2.RPCCount("send_message"))
+	}
+	// a different key dispatches
+	if r := e.lapCall(token, "/message", `{"msg":{"type":"inc"},"idempotencyKey":"k2"}`); r.status != 200 || tab2.RPCCount("send_message") != 1 {
+		t.Errorf("new key: %d %s", r.status, r.body)
+	}
+}
+
+func confirmTab(e *env) (string, *faketab.Tab) {
+	token, _, tab := e.paired(faketab.WithPolicy(faketab.DemoPolicy()))
+	return token, tab
+}
+
+func pendingID(t *testing.T, tab *faketab.Tab) string {
+	t.Helper()
+	f, err := tab.WaitFor(ctxT(t), "rpc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = f
+	// the tab records the pending entry before replying
+	for range 1000 {
+		if ids := tab.PendingConfirms(); len(ids) == 1 {
+			return ids[0]
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("no pending confirm")
+	return ""
+}
+
+func TestConfirmApproveInLongPoll(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, tab := confirmTab(e)
+	done := make(chan resp, 1)
+	go func() {
+		done <- e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"reason":"tidy","timeoutMs":10000}`)
+	}()
+	id := pendingID(t, tab)
+	// the proposal must be recorded by the server before we approve; poll confirm PendingFor
+	waitPending(t, e, id)
+	if err := tab.Approve(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.status != 200 || !strings.Contains(string(r.body), `"status":"confirmed"`) || !strings.Contains(string(r.body), `"stateAfter":{`) {
+		t.Errorf("approve: %d %s", r.status, r.body)
+	}
+	if len(e.sink.events(audit.EventConfirmProposed)) != 1 || len(e.sink.events(audit.EventConfirmApproved)) != 1 {
+		t.Error("confirm not audited")
+	}
+}
+
+func waitPending(t *testing.T, e *env, id string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, tid := range e.tids() {
+			for _, p := range e.cm.PendingFor(tid) {
+				if p.ConfirmID == id {
+					return
+				}
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("confirm %s never proposed", id)
+}
+
+func (e *env) tids() []string {
+	var out []string
+	for _, en := range e.sink.events(audit.EventMint) {
+		out = append(out, en.TID)
+	}
+	return out
+}
+
+func TestConfirmRejectAndPollGap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, tab := confirmTab(e)
+	// short long-poll: the agent gets pending-confirmation
+	r := e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":1}`)
+	m := r.json(t)
+	if m["status"] != "pending-confirmation" || m["confirmId"] == "" {
+		t.Fatalf("short poll: %s", r.body)
+	}
+	id := m["confirmId"].(string)
+	if r := e.lapCall(token, "/confirm-result", `{"confirmId":"`+id+`","timeoutMs":1}`); !strings.Contains(string(r.body), "still-pending") {
+		t.Errorf("still-pending: %s", r.body)
+	}
+	// approval in the poll gap is not lost (level-triggered)
+	if err := tab.Approve(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	r = e.lapCall(token, "/confirm-result", `{"confirmId":"`+id+`","timeoutMs":5000}`)
+	if !strings.Contains(string(r.body), `"status":"confirmed"`) {
+		t.Errorf("after gap: %d %s", r.status, r.body)
+	}
+	// reject path
+	r = e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":1}`)
+	id2 := r.json(t)["confirmId"].(string)
+	if err := tab.Reject(ctxT(t), id2); err != nil {
+		t.Fatal(err)
+	}
+	r = e.lapCall(token, "/confirm-result", `{"confirmId":"`+id2+`","timeoutMs":5000}`)
+	if !strings.Contains(string(r.body), `"status":"rejected"`) || !strings.Contains(string(r.body), "user-cancelled") {
+		t.Errorf("reject: %s", r.body)
+	}
+	if _, err := tab.WaitFor(ctxT(t), "confirm-expire"); err != nil {
+		t.Error(err)
+	}
+	if len(e.sink.events(audit.EventConfirmRejected)) == 0 {
+		t.Error("reject not audited")
+	}
+}
+
+func TestConfirmExpires(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *envCfg) { c.conf.Expiry = 50 * time.Millisecond })
+	token, tab := confirmTab(e)
+	r := e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":1}`)
+	id := r.json(t)["confirmId"].(string)
+	f, err := tab.WaitFor(ctxT(t), "confirm-expire")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(f.Raw), id) || !strings.Contains(string(f.Raw), `"reason":"timeout"`) {
+		t.Errorf("confirm-expire frame %s", f.Raw)
+	}
+	r = e.lapCall(token, "/confirm-result", `{"confirmId":"`+id+`","timeoutMs":1000}`)
+	if !strings.Contains(string(r.body), `"reason":"timeout"`) {
+		t.Errorf("after expiry: %s", r.body)
+	}
+	if len(e.sink.events(audit.EventConfirmExpired)) != 1 {
+		t.Error("expiry not audited")
+	}
+}
+
+func TestConfirmSyncOnReconnect(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, tab := confirmTab(e)
+	r := e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":1}`)
+	id := r.json(t)["confirmId"].(string)
+	tab.Close()
+	tab2 := e.dial(token, faketab.WithPolicy(faketab.DemoPolicy()))
+	f, err := tab2.WaitFor(ctxT(t), "confirm-sync")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(f.Raw), id) {
+		t.Errorf("confirm-sync %s lacks %s", f.Raw, id)
+	}
+	if _, err := tab2.WaitFor(ctxT(t), "active"); err != nil {
+		t.Errorf("re-pair did not push active: %v", err)
+	}
+}
+
+func TestDrain(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	token, _, _ := e.paired(faketab.WithHandler("list_actions", func(json.RawMessage) (any, *faketab.RPCError) {
+		close(entered)
+		<-release
+		return map[string]any{"actions": []any{}}, nil
+	}))
+	done := make(chan resp, 1)
+	go func() { done <- e.lapCall(token, "/actions", "") }()
+	<-entered
+	e.lap.Drain()
+	r := e.lapCall(token, "/state", "")
+	if r.status != 503 || r.code() != "shutting-down" || r.header.Get("Retry-After") == "" {
+		t.Errorf("new call while draining: %d %v %s", r.status, r.header, r.body)
+	}
+	if r := e.do("POST", "/agent/mint", "", ""); r.code() != "shutting-down" {
+		t.Errorf("mint while draining: %s", r.body)
+	}
+	idle := make(chan error, 1)
+	go func() { idle <- e.lap.WaitIdle(context.Background()) }()
+	close(release)
+	if r := <-done; r.status != 200 {
+		t.Errorf("in-flight call: %d %s", r.status, r.body)
+	}
+	if err := <-idle; err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,321 @@
+package lap_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/tokens"
+)
+
+func TestRoutesSuccess(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, _, _ := e.paired()
+	tests := []struct {
+		route, body string
+		want        []string // substrings of the 200 body
+	}{
+		{"/describe", "", []string{`"name":"faketab"`, `"schemaHash":"faketab-1"`, `"dispatchModel":"TEA"`}},
+		{"/observe", "", []string{`"state":{`, `"actions":[`, `"description":{`, `"health":{"connected":true`, `"context":{`}},
+		{"/state", `{"path":"/count"}`, []string{`{"state":0}`}},
+		{"/state", ``, []string{`"state":{`}},
+		{"/query-state", `{"path":"/todos"}`, []string{`"found":true`}},
+		{"/actions", ``, []string{`"variant":"inc"`}},
+		{"/message", `{"msg":{"type":"inc"}}`, []string{`"status":"dispatched"`, `"stateDiff":[`}},
+		{"/would-dispatch", `{"msg":{"type":"inc"}}`, []string{`"status":"predicted"`}},
+		{"/narrate", `{"text":"working on it"}`, []string{`{"ok":true}`}},
+		{"/query-dom", `{"name":"list","multiple":1}`, []string{`"elements":[`}},
+		{"/describe-visible", ``, []string{`"outline":[`}},
+		{"/context", ``, []string{`"context":{"summary"`}},
+		{"/recent-actions", `{"n":3}`, []string{`"entries":[`}},
+		{"/wait", `{"timeoutMs":1}`, []string{`{"status":"timeout","stateAfter":null}`}},
+	}
+	for _, tc := range tests {
+		r := e.lapCall(token, tc.route, tc.body)
+		if r.status != 200 {
+			t.Errorf("%s %s: %d %s", tc.route, tc.body, r.status, r.body)
+			continue
+		}
+		if ct := r.header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s: content-type %q", tc.route, ct)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(string(r.body), w) {
+				t.Errorf("%s: body %s lacks %s", tc.route, r.body, w)
+			}
+		}
+	}
+	// GET works on LAP routes (reference quirk)
+	if r := e.do("GET", "/agent/lap/v1/actions", token, ""); r.status != 200 {
+		t.Errorf("GET /actions: %d", r.status)
+	}
+	if n := len(e.sink.events(audit.EventLapCall)); n < len(tests) {
+		t.Errorf("lap-call audited %d times, want ≥ %d", n, len(tests))
+	}
+}
+
+func TestRoutesBadRequests(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, _, tab := e.paired()
+	tests := []struct {
+		route, body, detail string
+	}{
+		{"/state", `{"path":5}`, "path must be a string"},
+		{"/query-state", `{}`, "path required"},
+		{"/message", `{"msg":{"type":1}}`, "msg.type must be a string"},
+		{"/message", `not json`, "msg.type must be a string"},
+		{"/message", `{"msg":{"type":"inc"},"idempotencyKey":"` + strings.Repeat("k", 201) + `"}`, "idempotencyKey"},
+		{"/narrate", `{"text":""}`, "text required"},
+		{"/narrate", `{}`, "text required"},
+		{"/query-dom", `{}`, "name required"},
+		{"/would-dispatch", `{}`, "msg"},
+		{"/confirm-result", `{}`, "confirmId required"},
+		{"/confirm-result", `{"confirmId":"nope","timeoutMs":1}`, "unknown confirmId"},
+	}
+	for _, tc := range tests {
+		r := e.lapCall(token, tc.route, tc.body)
+		if r.status != 400 || r.code() != "invalid" || !strings.Contains(string(r.body), tc.detail) {
+			t.Errorf("%s %s: %d %s, want 400 invalid %q", tc.route, tc.body, r.status, r.body, tc.detail)
+		}
+	}
+	if n := tab.RPCCount("send_message"); n != 0 {
+		t.Errorf("send_message reached the tab %d times", n)
+	}
+	if r := e.lapCall(token, "/nope", ""); r.status != 404 || r.code() != "not-found" {
+		t.Errorf("unknown route: %d %s", r.status, r.body)
+	}
+	if r := e.do("GET", "/agent/mint", "", ""); r.status != 405 || r.code() != "method-not-allowed" {
+		t.Errorf("GET mint: %d %s", r.status, r.body)
+	}
+}
+
+func TestGateOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *envCfg) { c.lap.MaxBody = 100; c.lap.LAPBurst = 1; c.lap.LAPRate = 0.0001 })
+	token, _, _ := e.paired()
+	unpaired, _ := e.mint()
+	big := `{"text":"` + strings.Repeat("x", 200) + `"}`
+	tests := []struct {
+		name, token, body string
+		status            int
+		code              string
+	}{
+		{"oversize beats bad token", "agt_bogus", big, 413, "payload-too-large"},
+		{"no bearer", "", "", 401, "auth-failed"},
+		{"bad token beats unpaired", "agt_bogus", "", 401, "auth-failed"},
+		{"malformed token", "nope", "", 401, "auth-failed"},
+		{"first call passes", token, "", 200, ""},
+		{"then rate limited", token, "", 429, "rate-limited"},
+		{"unpaired beats rate limit", unpaired, "", 503, "paused"},
+		{"unpaired again (not limited)", unpaired, "", 503, "paused"},
+	}
+	for _, tc := range tests {
+		r := e.lapCall(tc.token, "/actions", tc.body)
+		if r.status != tc.status || r.code() != tc.code {
+			t.Errorf("%s: %d %s, want %d %s", tc.name, r.status, r.body, tc.status, tc.code)
+		}
+		if tc.status == 429 {
+			if r.header.Get("Retry-After") == "" || r.json(t)["error"].(map[string]any)["retryAfterMs"] == nil {
+				t.Errorf("429 lacks Retry-After/retryAfterMs: %v %s", r.header, r.body)
+			}
+		}
+	}
+	// chunked body over the limit (no Content-Length)
+	e2 := newEnv(t, func(c *envCfg) { c.lap.MaxBody = 100 })
+	tok2, _, _ := e2.paired()
+	req, _ := http.NewRequest("POST", e2.srv.URL+"/agent/lap/v1/narrate", strings.NewReader(big))
+	req.ContentLength = -1
+	req.TransferEncoding = []string{"chunked"}
+	req.Header.Set("Authorization", "Bearer "+tok2)
+	res, err := e2.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 413 {
+		t.Errorf("chunked oversize: %d", res.StatusCode)
+	}
+	// refusals are audited
+	if len(e.sink.events(audit.EventAuthFailed)) < 3 || len(e.sink.events(audit.EventRateLimited)) < 1 || len(e.sink.events(audit.EventRefused)) < 2 {
+		t.Errorf("refusals not audited: auth=%d rate=%d refused=%d", len(e.sink.events(audit.EventAuthFailed)), len(e.sink.events(audit.EventRateLimited)), len(e.sink.events(audit.EventRefused)))
+	}
+}
+
+func TestPausedHeaders(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *envCfg) { c.tok.Grace = 30 * time.Second })
+	// minted, never connected: pending, Retry-After 5
+	tok, _ := e.mint()
+	r := e.lapCall(tok, "/observe", "")
+	if r.status != 503 || r.header.Get("X-LLui-Reconnect") != "pending" || r.header.Get("Retry-After") != "5" {
+		t.Errorf("awaiting-ws: %d %v %s", r.status, r.header, r.body)
+	}
+	if m := r.json(t)["error"].(map[string]any); m["reconnect"] != "pending" {
+		t.Errorf("body reconnect: %v", m)
+	}
+	// connected then closed: pending-resume inside grace
+	tok2, tid2, tab := e.paired()
+	if r := e.lapCall(tok2, "/actions", ""); r.status != 200 {
+		t.Fatalf("paired call: %d", r.status)
+	}
+	tab.Close()
+	waitStatus(t, e, tid2, tokens.StatusPendingResume)
+	r = e.lapCall(tok2, "/actions", "")
+	ra, _ := strconv.Atoi(r.header.Get("Retry-After"))
+	if r.status != 503 || r.header.Get("X-LLui-Reconnect") != "pending" || ra < 1 || ra > 30 {
+		t.Errorf("pending-resume: %d %v %s", r.status, r.header, r.body)
+	}
+
+	// grace 0: expired at once
+	e0 := newEnv(t, func(c *envCfg) { c.tok.Grace = -1 })
+	tok3, tid3, tab3 := e0.paired()
+	tab3.Close()
+	waitStatus(t, e0, tid3, tokens.StatusPendingResume)
+	r = e0.lapCall(tok3, "/actions", "")
+	if r.status != 503 || r.header.Get("X-LLui-Reconnect") != "expired" || r.header.Get("Retry-After") != "" {
+		t.Errorf("expired: %d %v %s", r.status, r.header, r.body)
+	}
+}
+
+// waitStatus waits until the registry has noticed a closed tab.
+func waitStatus(t *testing.T, e *env, tid string, want tokens.Status) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rec, err := e.tm.Get(ctxT(t), tid)
+		if err == nil && rec.Status == want && !e.reg.IsPaired(tid) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tid %s: status %v (paired %v), want %v", tid, rec.Status, e.reg.IsPaired(tid), want)
+		}
+		time.Sleep(5 * time.Millisecond) // polling an eventually-consistent status, not synchronising goroutines
+	}
+}
+
+func TestTabDropsMidCall(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	entered := make(chan struct{})
+	block := make(chan struct{})
+	defer close(block)
+	token, _, tab := e.paired(faketab.WithHandler("list_actions", func(json.RawMessage) (any, *faketab.RPCError) {
+		close(entered)
+		<-block
+		return nil, nil
+	}))
+	done := make(chan resp, 1)
+	go func() { done <- e.lapCall(token, "/actions", "") }()
+	<-entered
+	tab.Abort()
+	r := <-done
+	if r.status != 503 || r.code() != "paused" || r.header.Get("X-LLui-Reconnect") == "" || r.header.Get("Retry-After") == "" {
+		t.Errorf("dropped mid-call: %d %v %s", r.status, r.header, r.body)
+	}
+}
+
+func TestRPCTimeoutAndError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *envCfg) { c.pair.RPCTimeout = 100 * time.Millisecond })
+	block := make(chan struct{})
+	defer close(block)
+	token, _, _ := e.paired(
+		faketab.WithHandler("describe_context", func(json.RawMessage) (any, *faketab.RPCError) { <-block; return nil, nil }),
+		faketab.WithHandler("describe_visible_content", func(json.RawMessage) (any, *faketab.RPCError) {
+			return nil, &faketab.RPCError{Code: "invalid", Detail: "no DOM here"}
+		}),
+	)
+	if r := e.lapCall(token, "/context", ""); r.status != 504 || r.code() != "timeout" {
+		t.Errorf("timeout: %d %s", r.status, r.body)
+	}
+	r := e.lapCall(token, "/describe-visible", "")
+	if r.status != 500 || r.code() != "invalid" || !strings.Contains(string(r.body), "no DOM here") {
+		t.Errorf("rpc-error: %d %s", r.status, r.body)
+	}
+}
+
+func TestActivationOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, tid, tab := e.paired()
+	for range 3 {
+		if r := e.lapCall(token, "/actions", ""); r.status != 200 {
+			t.Fatal(r.status)
+		}
+	}
+	if _, err := tab.WaitFor(ctxT(t), "active"); err != nil {
+		t.Fatal(err)
+	}
+	// a later frame proves no second active was queued before it
+	if r := e.lapCall(token, "/narrate", `{"text":"x"}`); r.status != 200 {
+		t.Fatal(r.status)
+	}
+	if _, err := tab.WaitFor(ctxT(t), "log-push"); err != nil {
+		t.Fatal(err)
+	}
+	if n := tab.Count("active"); n != 1 {
+		t.Errorf("active pushed %d times", n)
+	}
+	rec, _ := e.tm.Get(ctxT(t), tid)
+	if rec.Status != tokens.StatusActive {
+		t.Errorf("status %s", rec.Status)
+	}
+}
+
+func TestNarrateAndRecent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, _, tab := e.paired()
+	if r := e.lapCall(token, "/narrate", `{"text":"hello","intent":"Greeting"}`); r.status != 200 {
+		t.Fatal(r.status)
+	}
+	f, err := tab.WaitFor(ctxT(t), "log-push")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lp struct {
+		Entry struct {
+			ID, Kind, Intent, Detail string
+			At                       int64
+		}
+	}
+	_ = f.Decode(&lp)
+	if !strings.HasPrefix(lp.Entry.ID, "narrate-") || lp.Entry.Kind != "narrate" || lp.Entry.Intent != "Greeting" || lp.Entry.Detail != "hello" || lp.Entry.At == 0 {
+		t.Errorf("log-push entry %+v", lp.Entry)
+	}
+	// the tab echoes it as log-append; recent-actions shows it eventually
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r := e.lapCall(token, "/recent-actions", `{"kind":"narrate"}`)
+		if strings.Contains(string(r.body), "hello") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("recent-actions: %s", r.body)
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the echo
+	}
+}
+
+func TestWaitChanged(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, _, tab := e.paired()
+	done := make(chan resp, 1)
+	go func() { done <- e.lapCall(token, "/wait", `{"path":"/count","timeoutMs":10000}`) }()
+	if _, err := tab.WaitFor(ctxT(t), "watch"); err != nil {
+		t.Fatal(err)
+	}
+	_ = tab.SetState(map[string]any{"count": 7, "todos": []any{}})
+	r := <-done
+	if r.status != 200 || !strings.Contains(string(r.body), `"status":"changed"`) || !strings.Contains(string(r.body), `"count":7`) {
+		t.Errorf("wait: %d %s", r.status, r.body)
+	}
+}
