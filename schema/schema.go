@@ -1,9 +1,88 @@
 // Package schema enforces an app's action policy on the server, before any
 // frame reaches the tab: human-only actions, unknown variants and payloads
 // that do not match their JSON Schema are rejected here.
+//
+// # Using a Policy
+//
+// A tab may send hello.policy (docs/PROTOCOL.md): one entry per action
+// (variant) with its annotations and a JSON Schema for its payload, the msg
+// object without its discriminant field ("type" unless the policy names
+// another). Compile it once per hello:
+//
+//	pol, err := schema.Parse(hello.Policy) // nil, nil when the tab sent none
+//
+// and check every msg before it is forwarded:
+//
+//	if rej := pol.Check(msg); rej != nil {
+//		return rej // HTTP 200 {status:"rejected", reason, detail, errors?}
+//	}
+//
+// Check gives reason "invalid" for a msg that is not an object with a string
+// discriminant or names an unknown variant (the detail lists known ones),
+// "human-only" for an action only the human may take, and "schema-error" with
+// JSON Pointer paths for a payload that fails its schema. A nil *Policy allows
+// every msg: the tab then enforces, as in the reference.
+//
+// PayloadHint returns a skeleton payload built from a variant's required
+// properties, with type-appropriate placeholders and never null (agents copy
+// placeholders verbatim).
+//
+// # The reference's compiler format
+//
+// FromCompiler turns the reference's hello.msgSchema (field maps such as
+// {"q":{"type":"string","optional":true}}) into the same JSON Schema form.
+// lapd does not enforce such policies by default (the reference tab enforces
+// them leniently itself); FromCompiler is for embedding apps that opt in.
+//
+// # Validator
+//
+// Schemas are compiled with github.com/santhosh-tekuri/jsonschema/v6: it is
+// maintained, passes the official JSON-Schema-Test-Suite for drafts 4 to
+// 2020-12 (2020-12 is the default dialect here), gives structured output
+// with instance locations, and lets us replace its loader. The loader here
+// refuses everything: a $ref must point inside the policy (for example to
+// "#/$defs/…"); lapd never fetches schemas from the network or the disk.
+// Regular expressions use Go's regexp (linear time; ECMAScript-only syntax
+// such as lookahead is refused at Parse). "format" is an annotation, as the
+// 2020-12 default dialect says, not an assertion.
 package schema
 
-import "encoding/json"
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
+)
+
+// Limits of a policy.
+const (
+	MaxVariants      = 1000      // variants in one policy
+	MaxSchemaBytes   = 256 << 10 // JSON of one variant's schema
+	MaxPolicyBytes   = 4 << 20   // JSON of the whole policy (the WebSocket frame limit)
+	MaxVariantName   = 200       // bytes of a variant name
+	maxFieldErrors   = 20        // FieldErrors in a Rejection
+	maxDetailErrors  = 5         // errors spelled out in a Rejection's Detail
+	maxListedNames   = 20        // known variants listed for an unknown one
+	maxMessageLen    = 200       // bytes of one FieldError message
+	maxEchoedNameLen = 100       // bytes of an unknown variant name echoed back
+)
+
+// Rejection reasons.
+const (
+	ReasonInvalid     = "invalid"
+	ReasonHumanOnly   = "human-only"
+	ReasonSchemaError = "schema-error"
+)
+
+// DefaultDiscriminant is the msg field that names the variant.
+const DefaultDiscriminant = "type"
 
 // Annotations describe one action (variant) for the LLM and for policy.
 type Annotations struct {
@@ -33,20 +112,304 @@ type Rejection struct {
 }
 
 // Policy is a compiled hello.policy. The zero/nil Policy allows everything (the
-// tab enforces, as in the reference).
+// tab enforces, as in the reference). A Policy is immutable and safe for
+// concurrent use.
 type Policy struct {
-	variants map[string]*variant
+	variants     map[string]*variant
+	names        []string // sorted
+	discriminant string
 }
 
 type variant struct {
 	Annotations
+	schema *jsonschema.Schema // nil: any payload
+	hint   json.RawMessage
+}
+
+type rawPolicy struct {
+	Discriminant *string                    `json:"discriminant"`
+	Variants     map[string]json.RawMessage `json:"variants"`
+}
+
+type rawVariant struct {
+	Annotations
+	Schema json.RawMessage `json:"schema"`
+}
+
+// refuseLoader is the compiler's only loader: every $ref outside the policy
+// is refused.
+type refuseLoader struct{}
+
+func (refuseLoader) Load(url string) (any, error) {
+	return nil, fmt.Errorf("remote $ref %q refused: lapd loads no schema from the network or disk; put it under $defs and use a local \"#/$defs/…\" $ref", url)
 }
 
 // Parse compiles hello.policy. Errors name the variant and what is wrong.
-func Parse(raw json.RawMessage) (*Policy, error) { panic("schema: Parse not implemented") }
+// An absent policy (empty input or JSON null) gives a nil Policy, which
+// allows every msg; a policy with an empty variants object refuses every msg.
+func Parse(raw json.RawMessage) (*Policy, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	if len(raw) > MaxPolicyBytes {
+		return nil, fmt.Errorf("schema: policy is %d bytes, over the %d byte limit", len(raw), MaxPolicyBytes)
+	}
+	var rp rawPolicy
+	if err := json.Unmarshal(raw, &rp); err != nil {
+		return nil, fmt.Errorf("schema: policy must be a JSON object {\"variants\":{…}}: %w", err)
+	}
+	if rp.Variants == nil {
+		return nil, errors.New(`schema: policy has no "variants" object`)
+	}
+	if len(rp.Variants) > MaxVariants {
+		return nil, fmt.Errorf("schema: policy has %d variants, over the limit of %d", len(rp.Variants), MaxVariants)
+	}
+	p := &Policy{variants: make(map[string]*variant, len(rp.Variants)), discriminant: DefaultDiscriminant}
+	if rp.Discriminant != nil {
+		if *rp.Discriminant == "" || len(*rp.Discriminant) > MaxVariantName {
+			return nil, fmt.Errorf("schema: policy discriminant must be a field name of 1..%d bytes", MaxVariantName)
+		}
+		p.discriminant = *rp.Discriminant
+	}
+	for name := range rp.Variants {
+		p.names = append(p.names, name)
+	}
+	slices.Sort(p.names)
+
+	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft2020)
+	c.UseLoader(refuseLoader{})
+	for i, name := range p.names {
+		if name == "" || len(name) > MaxVariantName {
+			return nil, fmt.Errorf("schema: variant name %.40q must be 1..%d bytes", name, MaxVariantName)
+		}
+		v, err := compileVariant(c, i, rp.Variants[name])
+		if err != nil {
+			return nil, fmt.Errorf("schema: variant %q: %w", name, err)
+		}
+		p.variants[name] = v
+	}
+	return p, nil
+}
+
+func compileVariant(c *jsonschema.Compiler, i int, raw json.RawMessage) (*variant, error) {
+	var rv rawVariant
+	if err := json.Unmarshal(raw, &rv); err != nil {
+		return nil, fmt.Errorf("must be an object of annotations and a schema: %w", err)
+	}
+	v := &variant{Annotations: rv.Annotations}
+	s := bytes.TrimSpace(rv.Schema)
+	if len(s) == 0 || string(s) == "null" {
+		v.hint = json.RawMessage(`{}`)
+		return v, nil
+	}
+	if len(s) > MaxSchemaBytes {
+		return nil, fmt.Errorf("schema is %d bytes, over the %d byte limit", len(s), MaxSchemaBytes)
+	}
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(s))
+	if err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	switch doc.(type) {
+	case map[string]any, bool:
+	default:
+		return nil, errors.New("schema must be a JSON Schema object or boolean")
+	}
+	url := fmt.Sprintf("lapd-policy:///variant/%d.json", i)
+	if err := c.AddResource(url, doc); err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	if v.schema, err = c.Compile(url); err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	v.hint = payloadHint(doc)
+	return v, nil
+}
+
+// Discriminant returns the msg field that names the variant ("type" unless
+// the policy said otherwise).
+func (p *Policy) Discriminant() string {
+	if p == nil {
+		return DefaultDiscriminant
+	}
+	return p.discriminant
+}
 
 // Check returns nil when msg may be sent to the tab, or the rejection.
-func (p *Policy) Check(msg json.RawMessage) *Rejection { panic("not implemented") }
+func (p *Policy) Check(msg json.RawMessage) *Rejection {
+	if p == nil {
+		return nil
+	}
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(msg))
+	obj, isObj := doc.(map[string]any)
+	name, isStr := obj[p.discriminant].(string)
+	if err != nil || !isObj || !isStr {
+		return reject(ReasonInvalid, fmt.Sprintf("msg.%s must be a string", p.discriminant))
+	}
+	v, ok := p.variants[name]
+	if !ok {
+		return reject(ReasonInvalid, p.unknownDetail(name))
+	}
+	if v.HumanOnly {
+		return reject(ReasonHumanOnly, fmt.Sprintf("%s can only be done by the human in the app; ask them to do it", name))
+	}
+	if v.schema == nil {
+		return nil
+	}
+	delete(obj, p.discriminant)
+	err = v.schema.Validate(obj)
+	if err == nil {
+		return nil
+	}
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return reject(ReasonSchemaError, "payload could not be validated: "+truncate(err.Error(), maxMessageLen))
+	}
+	fes := fieldErrors(ve)
+	parts := make([]string, 0, maxDetailErrors)
+	for _, fe := range fes[:min(len(fes), maxDetailErrors)] {
+		path := fe.Path
+		if path == "" {
+			path = "(payload)"
+		}
+		parts = append(parts, path+": "+fe.Message)
+	}
+	r := reject(ReasonSchemaError, strings.Join(parts, "; "))
+	r.Errors = fes
+	return r
+}
+
+func reject(reason, detail string) *Rejection {
+	return &Rejection{Status: "rejected", Reason: reason, Detail: detail}
+}
+
+func (p *Policy) unknownDetail(name string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "unknown variant: %s", truncate(name, maxEchoedNameLen))
+	if len(p.names) == 0 {
+		b.WriteString(" (this app allows no actions)")
+		return b.String()
+	}
+	b.WriteString(" (known: ")
+	b.WriteString(strings.Join(p.names[:min(len(p.names), maxListedNames)], ", "))
+	if n := len(p.names) - maxListedNames; n > 0 {
+		fmt.Fprintf(&b, ", and %d more", n)
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+// fieldErrors flattens the validator's error tree to its leaves: the errors
+// that say what is wrong, not the "allOf failed" or "$ref" around them. A
+// missing required property or a disallowed extra one points at that
+// property.
+func fieldErrors(ve *jsonschema.ValidationError) []FieldError {
+	var out []FieldError
+	add := func(path, msg string) bool {
+		if len(out) >= maxFieldErrors {
+			return false
+		}
+		out = append(out, FieldError{Path: path, Message: truncate(msg, maxMessageLen)})
+		return true
+	}
+	var walk func(e *jsonschema.ValidationError) bool
+	walk = func(e *jsonschema.ValidationError) bool {
+		if len(e.Causes) > 0 {
+			for _, c := range e.Causes {
+				if !walk(c) {
+					return false
+				}
+			}
+			return true
+		}
+		path := pointer(e.InstanceLocation)
+		switch k := e.ErrorKind.(type) {
+		case *kind.Required:
+			for _, name := range k.Missing {
+				if !add(path+"/"+escape(name), "required property is missing") {
+					return false
+				}
+			}
+			return true
+		case *kind.AdditionalProperties:
+			for _, name := range k.Properties {
+				if !add(path+"/"+escape(name), "property is not allowed") {
+					return false
+				}
+			}
+			return true
+		}
+		return add(path, e.ErrorKind.LocalizedString(printer))
+	}
+	walk(ve)
+	if len(out) == 0 {
+		add("", ve.Error())
+	}
+	return out
+}
+
+var printer = message.NewPrinter(language.English)
+
+// pointer joins reference tokens into a JSON Pointer (RFC 6901).
+func pointer(tokens []string) string {
+	var b strings.Builder
+	for _, t := range tokens {
+		b.WriteByte('/')
+		b.WriteString(escape(t))
+	}
+	return b.String()
+}
+
+// escape makes name one JSON Pointer reference token (RFC 6901).
+func escape(name string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(name, "~", "~0"), "/", "~1")
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !isRuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
 // Variant returns the annotations of a variant.
-func (p *Policy) Variant(name string) (Annotations, bool) { panic("not implemented") }
+func (p *Policy) Variant(name string) (Annotations, bool) {
+	if p == nil {
+		return Annotations{}, false
+	}
+	v, ok := p.variants[name]
+	if !ok {
+		return Annotations{}, false
+	}
+	return v.Annotations, true
+}
+
+// Variants returns the variant names, sorted.
+func (p *Policy) Variants() []string {
+	if p == nil {
+		return nil
+	}
+	return slices.Clone(p.names)
+}
+
+// PayloadHint returns a skeleton payload (the msg without its discriminant)
+// for a variant: its schema's required properties with placeholders taken
+// from const, default, examples or enum, else type-appropriate values ("",
+// 0, false, {}, []); never null, and a property whose type cannot be told is
+// left out. nil for an unknown variant; {} for a variant without a schema.
+func (p *Policy) PayloadHint(name string) json.RawMessage {
+	if p == nil {
+		return nil
+	}
+	v, ok := p.variants[name]
+	if !ok {
+		return nil
+	}
+	return slices.Clone(v.hint)
+}
