@@ -76,8 +76,14 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 	case errors.Is(err, tokens.ErrRevoked):
 		c.tid = rec.TID
 		return nil, errf(http.StatusForbidden, CodeRevoked, "")
-	case err != nil:
+	case errors.Is(err, tokens.ErrMalformed), errors.Is(err, tokens.ErrUnknown), errors.Is(err, tokens.ErrExpired), errors.Is(err, tokens.ErrNotFound):
 		return nil, errf(http.StatusUnauthorized, CodeAuthFailed, "")
+	case err != nil:
+		if c.ctx.Err() != nil {
+			return nil, errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled")
+		}
+		c.s.log.Error("verifying a bearer failed", "err", err)
+		return nil, errf(http.StatusInternalServerError, CodeInternal, "token store unavailable")
 	}
 	c.tid = rec.TID
 	// 3. re-read by tid

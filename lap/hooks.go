@@ -28,6 +28,7 @@ func (s *Server) onClosed(tid string) {
 	delete(s.tabs, tid)
 	s.tabsMu.Unlock()
 	s.policies.drop(tid)
+	s.descs.drop(tid)
 }
 
 func (s *Server) onConfirmResolved(tid string, r pairing.ConfirmResolved) {

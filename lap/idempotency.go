@@ -14,13 +14,18 @@ const MaxIdempotencyKeyLen = 200
 // while the first is running waits for it. At most maxKeys keys per tid; at
 // most maxTIDs tids.
 type idempotency struct {
-	ttl     time.Duration
-	maxKeys int
-	maxTIDs int
-	clock   func() time.Time
-	mu      sync.Mutex
-	m       map[string]map[string]*idemEntry
+	ttl       time.Duration
+	maxKeys   int // per tid
+	maxTotal  int // over all tids
+	clock     func() time.Time
+	mu        sync.Mutex
+	m         map[string]map[string]*idemEntry
+	total     int
+	lastSweep time.Time
 }
+
+// MaxIdempotencyEntries caps remembered /message outcomes over all sessions.
+const MaxIdempotencyEntries = 50_000
 
 type idemEntry struct {
 	done    chan struct{}
@@ -29,7 +34,7 @@ type idemEntry struct {
 }
 
 func newIdempotency(ttl time.Duration, maxKeys int, clock func() time.Time) *idempotency {
-	return &idempotency{ttl: ttl, maxKeys: maxKeys, maxTIDs: DefaultMaxRateKeys, clock: clock, m: map[string]map[string]*idemEntry{}}
+	return &idempotency{ttl: ttl, maxKeys: maxKeys, maxTotal: MaxIdempotencyEntries, clock: clock, m: map[string]map[string]*idemEntry{}}
 }
 
 var errIdemFull = errf(http.StatusTooManyRequests, CodeRateLimited, "too many idempotency keys in flight for this session")
@@ -40,30 +45,29 @@ func (im *idempotency) do(ctx context.Context, tid, key string, fn func() (any, 
 	for {
 		now := im.clock()
 		im.mu.Lock()
+		if now.Sub(im.lastSweep) > im.ttl || im.total >= im.maxTotal {
+			im.lastSweep = now
+			im.sweepLocked(now)
+		}
 		keys := im.m[tid]
 		if keys == nil {
-			if len(im.m) >= im.maxTIDs {
-				im.sweepLocked(now)
-				if len(im.m) >= im.maxTIDs {
-					im.mu.Unlock()
-					return nil, errIdemFull
-				}
-			}
 			keys = map[string]*idemEntry{}
 			im.m[tid] = keys
 		}
 		e := keys[key]
 		if e != nil && e.body != nil && now.After(e.expires) {
 			delete(keys, key)
+			im.total--
 			e = nil
 		}
 		if e == nil {
-			if len(keys) >= im.maxKeys && !im.evictLocked(keys, now) {
+			if (len(keys) >= im.maxKeys || im.total >= im.maxTotal) && !im.evictLocked(keys, now) {
 				im.mu.Unlock()
 				return nil, errIdemFull
 			}
 			e = &idemEntry{done: make(chan struct{})}
 			keys[key] = e
+			im.total++
 			im.mu.Unlock()
 			return im.run(tid, key, e, fn)
 		}
@@ -88,6 +92,7 @@ func (im *idempotency) run(tid, key string, e *idemEntry, fn func() (any, *apiEr
 			e.expires = im.clock().Add(im.ttl)
 		} else if keys := im.m[tid]; keys != nil && keys[key] == e {
 			delete(keys, key)
+			im.total--
 		}
 		close(e.done)
 		im.mu.Unlock()
@@ -106,6 +111,7 @@ func (im *idempotency) evictLocked(keys map[string]*idemEntry, now time.Time) bo
 		}
 		if now.After(e.expires) {
 			delete(keys, k)
+			im.total--
 			freed = true
 			continue
 		}
@@ -115,6 +121,7 @@ func (im *idempotency) evictLocked(keys map[string]*idemEntry, now time.Time) bo
 	}
 	if !freed && oldest != "" {
 		delete(keys, oldest)
+		im.total--
 		freed = true
 	}
 	return freed
@@ -125,6 +132,7 @@ func (im *idempotency) sweepLocked(now time.Time) {
 		for k, e := range keys {
 			if e.body != nil && now.After(e.expires) {
 				delete(keys, k)
+				im.total--
 			}
 		}
 		if len(keys) == 0 {
@@ -136,6 +144,7 @@ func (im *idempotency) sweepLocked(now time.Time) {
 // drop forgets tid (revoke).
 func (im *idempotency) drop(tid string) {
 	im.mu.Lock()
+	im.total -= len(im.m[tid])
 	delete(im.m, tid)
 	im.mu.Unlock()
 }

@@ -22,6 +22,9 @@ func (s *Server) Client() *InProcessClient { return &InProcessClient{s: s} }
 
 // Call implements Client.
 func (c *InProcessClient) Call(ctx context.Context, base, token, route string, body any) (json.RawMessage, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, &Error{Code: "network", Detail: "cancelled: " + err.Error()}
+	}
 	var rd io.Reader = http.NoBody
 	var n int64
 	if body != nil {
@@ -41,7 +44,7 @@ func (c *InProcessClient) Call(ctx context.Context, base, token, route string, b
 	req.Header.Set("Content-Type", "application/json")
 	rec := &memWriter{h: http.Header{}, status: http.StatusOK}
 	c.s.handler.ServeHTTP(rec, req)
-	if err := ctx.Err(); err != nil && rec.status == http.StatusGatewayTimeout {
+	if err := ctx.Err(); err != nil && rec.status >= 300 {
 		return nil, &Error{Code: "network", Detail: "cancelled: " + err.Error()}
 	}
 	return parseResponse(rec.status, rec.h, rec.buf.Bytes())
