@@ -2,8 +2,14 @@ package audit
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // Config configures a Log.
@@ -13,24 +19,158 @@ type Config struct {
 	Clock  func() time.Time // stamps entries with At == 0; default time.Now
 }
 
+// Limits applied by Record to every entry's Detail before any sink sees it.
+const (
+	// MaxDetailString is the longest string value kept in a Detail, in bytes;
+	// longer values are cut (at a rune boundary) and end in "…".
+	MaxDetailString = 1024
+	// MaxDetailDepth bounds how deep nested maps and slices are copied;
+	// deeper values are replaced by "…".
+	MaxDetailDepth = 8
+	// redacted replaces any detail string that looks like an agent token.
+	redacted = "agt_…redacted"
+)
+
 // Log fans entries out to its sinks. Safe for concurrent use; a nil *Log
 // discards everything (handy in tests of other packages).
 type Log struct {
-	cfg Config
+	cfg       Config
+	recorded  atomic.Int64
+	failures  atomic.Int64
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // New returns a Log.
-func New(cfg Config) *Log { panic("audit: New not implemented") }
+func New(cfg Config) *Log {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	cfg.Sinks = append([]Sink(nil), cfg.Sinks...)
+	return &Log{cfg: cfg}
+}
 
 // Record writes e to every sink, stamping At when zero. A sink error is logged
 // and counted (Failures), never returned: auditing must not fail a request.
-func (l *Log) Record(ctx context.Context, e Entry) { panic("not implemented") }
+//
+// Before any sink sees it, Detail is copied with every string that starts
+// with "agt_" replaced by "agt_…redacted" (tokens must never reach audit,
+// even by mistake) and long strings cut to MaxDetailString bytes.
+func (l *Log) Record(ctx context.Context, e Entry) {
+	if l == nil {
+		return
+	}
+	l.recorded.Add(1)
+	if e.At == 0 {
+		e.At = l.cfg.Clock().UnixMilli()
+	}
+	e.Detail = sanitizeMap(e.Detail, 0)
+	for _, s := range l.cfg.Sinks {
+		if err := s.Write(ctx, e); err != nil {
+			l.failures.Add(1)
+			l.cfg.Logger.Warn("audit: sink write failed; entry not stored there",
+				"sink", fmt.Sprintf("%T", s), "event", e.Event, "tid", e.TID, "err", err)
+		}
+	}
+}
+
+// Recorded reports how many entries Record has been given since New.
+func (l *Log) Recorded() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.recorded.Load()
+}
 
 // Failures reports how many sink writes have failed since New.
-func (l *Log) Failures() int64 { panic("not implemented") }
+func (l *Log) Failures() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.failures.Load()
+}
 
-// Close closes every sink.
-func (l *Log) Close() error { panic("not implemented") }
+// Close closes every sink once; later calls return the first result.
+func (l *Log) Close() error {
+	if l == nil {
+		return nil
+	}
+	l.closeOnce.Do(func() {
+		var errs []error
+		for _, s := range l.cfg.Sinks {
+			if err := s.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("audit: close %T: %w", s, err))
+			}
+		}
+		l.closeErr = errors.Join(errs...)
+	})
+	return l.closeErr
+}
+
+// sanitizeMap returns a copy of m with sanitizeValue applied to each value;
+// nil stays nil.
+func sanitizeMap(m map[string]any, depth int) map[string]any {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = sanitizeValue(v, depth+1)
+	}
+	return out
+}
+
+func sanitizeValue(v any, depth int) any {
+	if depth > MaxDetailDepth {
+		return "…"
+	}
+	switch v := v.(type) {
+	case string:
+		return sanitizeString(v)
+	case map[string]any:
+		return sanitizeMap(v, depth)
+	case map[string]string:
+		out := make(map[string]any, len(v))
+		for k, s := range v {
+			out[k] = sanitizeString(s)
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = sanitizeValue(x, depth+1)
+		}
+		return out
+	case []string:
+		out := make([]any, len(v))
+		for i, s := range v {
+			out[i] = sanitizeString(s)
+		}
+		return out
+	case error:
+		return sanitizeString(v.Error())
+	case fmt.Stringer:
+		return sanitizeString(v.String())
+	}
+	return v
+}
+
+func sanitizeString(s string) string {
+	if strings.HasPrefix(s, "agt_") {
+		return redacted
+	}
+	if len(s) <= MaxDetailString {
+		return s
+	}
+	cut := MaxDetailString
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
 
 // Filter selects entries for Query. Zero fields match everything.
 type Filter struct {
@@ -41,7 +181,38 @@ type Filter struct {
 	Limit int   // 0 = no limit; the newest Limit entries, oldest first
 }
 
+// match reports whether e passes f's field filters (not Limit).
+func (f Filter) match(e Entry) bool {
+	return (f.TID == "" || e.TID == f.TID) &&
+		(f.Event == "" || e.Event == f.Event) &&
+		e.At >= f.Since &&
+		(f.Until == 0 || e.At < f.Until)
+}
+
 // Querier is implemented by sinks that can read entries back (SQLite, JSONL file).
 type Querier interface {
 	Query(ctx context.Context, f Filter) ([]Entry, error)
+}
+
+// FormatText renders e on one line for humans (the `lapd audit` command):
+//
+//	2026-11-23T10:00:00.123Z  mint  tid=…  uid=…  {"origin":"…"}
+//
+// A missing tid or uid reads "-".
+func FormatText(e Entry) string {
+	tid, uid := e.TID, e.UID
+	if tid == "" {
+		tid = "-"
+	}
+	if uid == "" {
+		uid = "-"
+	}
+	detail := "{}"
+	if len(e.Detail) > 0 {
+		if b, err := marshalDetail(e.Detail); err == nil {
+			detail = string(b)
+		}
+	}
+	at := time.UnixMilli(e.At).UTC().Format("2006-01-02T15:04:05.000Z07:00")
+	return at + "  " + e.Event + "  tid=" + tid + "  uid=" + uid + "  " + detail
 }

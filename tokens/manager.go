@@ -2,7 +2,23 @@ package tokens
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
 	"time"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultTTL       = 24 * time.Hour
+	DefaultGrace     = 60 * time.Second
+	DefaultRetention = time.Hour
+	// sweepInterval bounds how often Mint sweeps dead records.
+	sweepInterval = time.Minute
+	// MaxResumeTIDs bounds how many tids one ResumeList call looks up; the
+	// rest are ignored.
+	MaxResumeTIDs = 64
 )
 
 // Config configures a Manager. Zero values mean the documented defaults.
@@ -13,82 +29,329 @@ type Config struct {
 	Grace      time.Duration    // pending-resume grace; default 60s; negative = 0 (already expired at close)
 	Retention  time.Duration    // dead records are swept once ExpiresAt+Retention has passed; default 1h
 	Clock      func() time.Time // default time.Now
+	Logger     *slog.Logger     // reports failed lazy sweeps; nil = discard
 }
 
 // Manager implements the token lifecycle over a Store. Safe for concurrent use.
 type Manager struct {
-	cfg Config
+	cfg       Config
+	lastSweep atomic.Int64 // Unix ms of the last sweep attempt
 }
 
 // NewManager returns a Manager; it errors if cfg.Store is nil.
-func NewManager(cfg Config) (*Manager, error) { panic("tokens: NewManager not implemented") }
+func NewManager(cfg Config) (*Manager, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("tokens: Config.Store is required")
+	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultTTL
+	}
+	switch {
+	case cfg.Grace == 0:
+		cfg.Grace = DefaultGrace
+	case cfg.Grace < 0:
+		cfg.Grace = 0
+	}
+	if cfg.SlidingTTL < 0 {
+		cfg.SlidingTTL = 0
+	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = DefaultRetention
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Manager{cfg: cfg}, nil
+}
 
-// Generate returns a fresh token and its hash.
-func Generate() (token, hash string) { panic("not implemented") }
+// errUnchanged tells Store.Update to keep the record as it is; the manager
+// turns it into a successful "nothing to do".
+var errUnchanged = errors.New("tokens: unchanged")
 
-// Hash returns hex(SHA-256(token)) or ErrMalformed when the prefix is missing.
-func Hash(token string) (string, error) { panic("not implemented") }
+// update wraps Store.Update so that fn may return errUnchanged to skip the write.
+func (m *Manager) update(ctx context.Context, tid string, fn func(*Record) error) (Record, bool, error) {
+	rec, err := m.cfg.Store.Update(ctx, tid, fn)
+	if errors.Is(err, errUnchanged) {
+		return rec, false, nil
+	}
+	return rec, err == nil, err
+}
+
+// insideGrace reports whether a pending-resume record can still be resumed
+// at now: strictly before PendingResumeUntil (a zero grace is already over).
+func insideGrace(rec Record, now int64) bool {
+	return rec.Status == StatusPendingResume && now < rec.PendingResumeUntil
+}
 
 // Mint creates an awaiting-ws record for uid ("" = anonymous) minted from
 // origin and returns the plaintext token (shown once) and the record. It also
-// sweeps dead records lazily.
+// sweeps dead records lazily, at most once a minute.
 func (m *Manager) Mint(ctx context.Context, uid, origin, label string) (string, Record, error) {
-	panic("not implemented")
+	now := m.Now()
+	m.maybeSweep(ctx, now)
+	token, hash := Generate()
+	rec := Record{
+		TID:        newTID(),
+		TokenHash:  hash,
+		UID:        uid,
+		Status:     StatusAwaitingWS,
+		CreatedAt:  now,
+		ExpiresAt:  now + m.cfg.TTL.Milliseconds(),
+		LastSeenAt: now,
+		Origin:     origin,
+		Label:      label,
+	}
+	if err := m.cfg.Store.Create(ctx, rec); err != nil {
+		return "", Record{}, fmt.Errorf("tokens: mint: %w", err)
+	}
+	return token, rec, nil
+}
+
+func (m *Manager) maybeSweep(ctx context.Context, now int64) {
+	last := m.lastSweep.Load()
+	if last != 0 && now-last < sweepInterval.Milliseconds() {
+		return
+	}
+	if !m.lastSweep.CompareAndSwap(last, now) {
+		return // another Mint is sweeping
+	}
+	if _, err := m.Sweep(ctx); err != nil {
+		m.cfg.Logger.Warn("tokens: sweeping dead records failed", "err", err)
+	}
+}
+
+// Sweep deletes the records whose ExpiresAt+Retention has passed and reports
+// how many went. Mint calls it lazily; call it yourself to sweep on a timer.
+func (m *Manager) Sweep(ctx context.Context) (int, error) {
+	return m.cfg.Store.DeleteExpired(ctx, m.Now()-m.cfg.Retention.Milliseconds())
 }
 
 // Verify checks a bearer for a LAP call: ErrMalformed/ErrUnknown/ErrExpired
 // (hard expiry or sliding TTL) → 401, ErrRevoked → 403. A pending-resume record
 // past its grace still verifies (the caller answers 503 paused/expired).
-func (m *Manager) Verify(ctx context.Context, token string) (Record, error) { panic("not implemented") }
+// With ErrRevoked and ErrExpired the record is returned too, for auditing.
+func (m *Manager) Verify(ctx context.Context, token string) (Record, error) {
+	hash, err := Hash(token)
+	if err != nil {
+		return Record{}, err
+	}
+	rec, err := m.cfg.Store.FindByHash(ctx, hash)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return Record{}, ErrUnknown
+	case err != nil:
+		return Record{}, err
+	}
+	return rec, m.check(rec, m.Now())
+}
+
+// check applies the status and expiry rules of Verify to a found record.
+func (m *Manager) check(rec Record, now int64) error {
+	switch {
+	case rec.Status == StatusRevoked:
+		return ErrRevoked
+	case rec.ExpiresAt <= now:
+		return ErrExpired
+	case m.cfg.SlidingTTL > 0 && rec.LastSeenAt+m.cfg.SlidingTTL.Milliseconds() < now:
+		return ErrExpired
+	}
+	return nil
+}
 
 // Accept is called before a WebSocket upgrade. It verifies the token, refuses a
 // pending-resume record past its grace (ErrExpired), and moves the record to
 // awaiting-claude (or back to active when it was pending-resume inside grace:
 // repair=true).
 func (m *Manager) Accept(ctx context.Context, token string) (rec Record, repair bool, err error) {
-	panic("not implemented")
+	found, err := m.Verify(ctx, token)
+	if err != nil {
+		return found, false, err
+	}
+	rec, err = m.cfg.Store.Update(ctx, found.TID, func(r *Record) error {
+		now := m.Now()
+		// Re-check inside the transaction: the record may have moved on
+		// (revoked, claimed with a new hash) since Verify read it.
+		if r.TokenHash != found.TokenHash {
+			return ErrUnknown
+		}
+		if err := m.check(*r, now); err != nil {
+			return err
+		}
+		r.LastSeenAt = now
+		if r.Status == StatusPendingResume {
+			if !insideGrace(*r, now) {
+				return ErrExpired
+			}
+			r.Status = StatusActive
+			r.PendingResumeUntil = 0
+			if r.Label == "" {
+				r.Label = "(reconnected)"
+			}
+			repair = true
+			return nil
+		}
+		// awaiting-ws, awaiting-claude, or a second socket while active: the
+		// next LAP call activates it (as the reference does).
+		r.Status = StatusAwaitingClaude
+		return nil
+	})
+	if errors.Is(err, ErrNotFound) {
+		return Record{}, false, ErrUnknown
+	}
+	if err != nil {
+		return rec, false, err
+	}
+	return rec, repair, nil
 }
 
 // Activate moves awaiting-claude → active with label uid ?? label ?? "Claude"
 // and reports whether it changed anything (the caller then pushes {t:'active'}).
 func (m *Manager) Activate(ctx context.Context, tid string) (Record, bool, error) {
-	panic("not implemented")
+	return m.update(ctx, tid, func(r *Record) error {
+		if r.Status != StatusAwaitingClaude {
+			return errUnchanged
+		}
+		r.Status = StatusActive
+		switch {
+		case r.UID != "":
+			r.Label = r.UID
+		case r.Label == "":
+			r.Label = "Claude"
+		}
+		return nil
+	})
 }
 
 // Disconnected moves active/awaiting-claude → pending-resume with the grace
 // deadline. Other statuses are left alone.
 func (m *Manager) Disconnected(ctx context.Context, tid string) (Record, error) {
-	panic("not implemented")
+	rec, _, err := m.update(ctx, tid, func(r *Record) error {
+		if r.Status != StatusActive && r.Status != StatusAwaitingClaude {
+			return errUnchanged
+		}
+		r.Status = StatusPendingResume
+		r.PendingResumeUntil = m.Now() + m.cfg.Grace.Milliseconds()
+		return nil
+	})
+	return rec, err
 }
 
 // Touch sets LastSeenAt = now.
-func (m *Manager) Touch(ctx context.Context, tid string) error { panic("not implemented") }
+func (m *Manager) Touch(ctx context.Context, tid string) error {
+	_, err := m.cfg.Store.Update(ctx, tid, func(r *Record) error {
+		r.LastSeenAt = m.Now()
+		return nil
+	})
+	return err
+}
 
 // Get returns the record for tid.
-func (m *Manager) Get(ctx context.Context, tid string) (Record, error) { panic("not implemented") }
+func (m *Manager) Get(ctx context.Context, tid string) (Record, error) {
+	return m.cfg.Store.Get(ctx, tid)
+}
 
 // ResumeList returns uid's records among tids that are pending-resume inside
-// their grace window; a missing label reads "(unknown)".
+// their grace window; a missing label reads "(unknown)". Only the first
+// MaxResumeTIDs tids are looked up; unknown tids are skipped.
 func (m *Manager) ResumeList(ctx context.Context, uid string, tids []string) ([]Record, error) {
-	panic("not implemented")
+	if len(tids) > MaxResumeTIDs {
+		tids = tids[:MaxResumeTIDs]
+	}
+	now := m.Now()
+	out := []Record{}
+	for _, tid := range tids {
+		rec, err := m.cfg.Store.Get(ctx, tid)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if rec.UID != uid || !insideGrace(rec, now) || rec.ExpiresAt <= now {
+			continue
+		}
+		if rec.Label == "" {
+			rec.Label = "(unknown)"
+		}
+		out = append(out, rec)
+	}
+	return out, nil
 }
 
 // Claim rotates the token of a pending-resume record owned by uid and minted
 // from origin, inside its grace window and before hard expiry (unlike the
 // reference), and makes it active with a fresh TTL. ErrForbidden otherwise.
 func (m *Manager) Claim(ctx context.Context, tid, uid, origin string) (string, Record, error) {
-	panic("not implemented")
+	token, hash := Generate()
+	rec, err := m.cfg.Store.Update(ctx, tid, func(r *Record) error {
+		now := m.Now()
+		if r.UID != uid || r.Origin != origin || !insideGrace(*r, now) || r.ExpiresAt <= now {
+			return ErrForbidden
+		}
+		r.TokenHash = hash
+		r.Status = StatusActive
+		r.PendingResumeUntil = 0
+		r.ExpiresAt = now + m.cfg.TTL.Milliseconds()
+		r.LastSeenAt = now
+		if r.Label == "" {
+			r.Label = "(resumed)"
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrForbidden):
+		return "", Record{}, ErrForbidden
+	case err != nil:
+		return "", Record{}, fmt.Errorf("tokens: claim: %w", err)
+	}
+	return token, rec, nil
 }
 
 // Revoke makes the record revoked (terminal). ErrForbidden if unknown or owned
-// by another uid. Revoking twice is not an error.
+// by another uid. Revoking twice is not an error. The token hash stays
+// indexed, so the revoked bearer reads ErrRevoked (403) until the record is
+// swept.
 func (m *Manager) Revoke(ctx context.Context, tid, uid string) (Record, error) {
-	panic("not implemented")
+	rec, _, err := m.update(ctx, tid, func(r *Record) error {
+		if r.UID != uid {
+			return ErrForbidden
+		}
+		if r.Status == StatusRevoked {
+			return errUnchanged
+		}
+		r.Status = StatusRevoked
+		r.PendingResumeUntil = 0
+		return nil
+	})
+	switch {
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrForbidden):
+		return Record{}, ErrForbidden
+	case err != nil:
+		return Record{}, fmt.Errorf("tokens: revoke: %w", err)
+	}
+	return rec, nil
 }
 
-// Sessions lists uid's active and pending-resume records ("" uid → none).
+// Sessions lists uid's active and pending-resume records ("" uid → none),
+// oldest first.
 func (m *Manager) Sessions(ctx context.Context, uid string) ([]Record, error) {
-	panic("not implemented")
+	out := []Record{}
+	if uid == "" {
+		return out, nil
+	}
+	recs, err := m.cfg.Store.ListByUID(ctx, uid)
+	if err != nil {
+		return nil, err
+	}
+	for _, rec := range recs {
+		if rec.Status == StatusActive || rec.Status == StatusPendingResume {
+			out = append(out, rec)
+		}
+	}
+	return out, nil
 }
 
 // Now returns the manager's clock reading in Unix ms.

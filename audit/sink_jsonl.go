@@ -1,0 +1,171 @@
+package audit
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+)
+
+// MaxLine is the longest JSONL line Query reads; longer lines count as
+// malformed and are skipped.
+const MaxLine = 1 << 20
+
+// ErrClosed is returned by a sink's Write after Close.
+var ErrClosed = errors.New("audit: sink closed")
+
+// JSONLSink writes one JSON object per line ({at, tid|null, uid|null, event,
+// detail}) to a writer. Writes are serialized, each line is written by one
+// Write call, and the sink is safe for concurrent use.
+type JSONLSink struct {
+	mu     sync.Mutex
+	w      io.Writer
+	f      *os.File // set by OpenJSONLFile; nil for NewJSONLSink
+	path   string
+	closed bool
+
+	skipped atomic.Int64
+}
+
+var (
+	_ Sink    = (*JSONLSink)(nil)
+	_ Querier = (*JSONLSink)(nil)
+)
+
+// NewJSONLSink returns a sink that writes to w (typically os.Stdout). Close
+// does not close w. It cannot be queried: Query returns an error.
+func NewJSONLSink(w io.Writer) *JSONLSink { return &JSONLSink{w: w} }
+
+// OpenJSONLFile opens (or creates, mode 0600) the file at path for appending
+// and returns a sink that writes to it and can Query it. Close closes the file.
+func OpenJSONLFile(path string) (*JSONLSink, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+	}
+	return &JSONLSink{w: f, f: f, path: path}, nil
+}
+
+// Write appends e as one line.
+func (s *JSONLSink) Write(_ context.Context, e Entry) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("audit: encode %s entry: %w", e.Event, err)
+	}
+	b = append(b, '\n')
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if _, err := s.w.Write(b); err != nil {
+		return fmt.Errorf("audit: write: %w", err)
+	}
+	return nil
+}
+
+// Close closes the file of OpenJSONLFile; later writes fail with ErrClosed.
+func (s *JSONLSink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if s.f != nil {
+		return s.f.Close()
+	}
+	return nil
+}
+
+// Query reads the file of OpenJSONLFile from the start and returns the
+// entries that match f, in file order. Malformed lines are skipped and
+// counted (see Skipped).
+func (s *JSONLSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
+	if s.path == "" {
+		return nil, errors.New("audit: this JSONL sink writes to a stream and cannot be queried")
+	}
+	r, err := os.Open(s.path)
+	if err != nil {
+		return nil, fmt.Errorf("audit: query %s: %w", s.path, err)
+	}
+	defer r.Close()
+	entries, skipped, err := ScanJSONL(ctx, r, f)
+	s.skipped.Store(int64(skipped))
+	if err != nil {
+		return nil, fmt.Errorf("audit: query %s: %w", s.path, err)
+	}
+	return entries, nil
+}
+
+// Skipped reports how many malformed lines the last Query skipped.
+func (s *JSONLSink) Skipped() int64 { return s.skipped.Load() }
+
+// ScanJSONL reads JSONL audit entries from r and returns those that match f
+// (the newest f.Limit of them when set, oldest first) and how many lines it
+// skipped because they were not an entry or longer than MaxLine. Blank lines
+// are ignored.
+func ScanJSONL(ctx context.Context, r io.Reader, f Filter) (entries []Entry, skipped int, err error) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var line []byte
+	tooLong := false
+	for n := 0; ; n++ {
+		if n%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, skipped, err
+			}
+		}
+		chunk, isPrefix, rerr := br.ReadLine()
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return nil, skipped, rerr
+		}
+		if !tooLong {
+			if len(line)+len(chunk) > MaxLine {
+				tooLong, line = true, line[:0]
+			} else {
+				line = append(line, chunk...)
+			}
+		}
+		if isPrefix {
+			continue
+		}
+		if tooLong {
+			skipped++
+		} else if l := bytes.TrimSpace(line); len(l) > 0 {
+			var e Entry
+			if json.Unmarshal(l, &e) != nil || e.Event == "" {
+				skipped++
+			} else if f.match(e) {
+				entries = append(entries, e)
+				if f.Limit > 0 && len(entries) > 2*f.Limit {
+					entries = append(entries[:0], entries[len(entries)-f.Limit:]...)
+				}
+			}
+		}
+		line, tooLong = line[:0], false
+	}
+	if f.Limit > 0 && len(entries) > f.Limit {
+		entries = entries[len(entries)-f.Limit:]
+	}
+	return entries, skipped, nil
+}
+
+// marshalDetail encodes a detail map compactly without HTML escaping.
+func marshalDetail(d map[string]any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(d); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
