@@ -39,7 +39,9 @@
 //     the resolution at once.
 //   - An approval not answered within Expiry (default 10 min) resolves as
 //     {status:"rejected", reason:"timeout"}, is deleted from the Store, and
-//     Config.OnExpire is called, outside every lock, from a timer goroutine.
+//     Config.OnExpire is called, outside every lock, from a timer goroutine
+//     (or SetOnExpire sets the hook after New; expiries before that are
+//     delivered when it is set).
 //   - New loads every approval in the Store and re-arms its timer; one that
 //     already expired expires right after New returns.
 //   - Bounds: at most MaxPendingPerTID pending approvals per tid (Propose
@@ -181,7 +183,13 @@ type Manager struct {
 	sweep  *time.Timer
 	seq    uint64 // proposal order, breaks ProposedAt ties in PendingFor
 	timers sync.WaitGroup
+
+	onExpire   func(Pending) // guarded by mu; starts as cfg.OnExpire
+	unnotified []Pending     // expiries while onExpire was nil (bounded)
 }
+
+// maxUnnotified bounds the expiries kept for a hook set later.
+const maxUnnotified = 10000
 
 // New loads the store's pending approvals and starts their expiry timers.
 func New(ctx context.Context, cfg Config) (*Manager, error) {
@@ -200,6 +208,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		ready: make(chan struct{}),
 		tids:  make(map[string]*tidState),
 		kept:  list.New(),
+
+		onExpire: cfg.OnExpire,
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
@@ -443,10 +453,35 @@ func (m *Manager) expire(e *entry) {
 		cancel()
 	}
 	m.resolveLocked(ts, e, Resolution{Status: StatusRejected, Reason: ReasonTimeout, Variant: e.p.Variant})
-	p := e.p
+	p, hook := e.p, m.onExpire
+	if hook == nil {
+		if len(m.unnotified) >= maxUnnotified {
+			m.unnotified = m.unnotified[1:]
+		}
+		m.unnotified = append(m.unnotified, p)
+	}
 	m.mu.Unlock()
-	if m.cfg.OnExpire != nil {
-		m.cfg.OnExpire(p)
+	if hook != nil {
+		hook(p)
+	}
+}
+
+// SetOnExpire sets (or replaces) the expiry hook, for a caller that can only
+// build it after New (the hook needs a server that needs the Manager).
+// Expiries that happened while no hook was set (at most 10,000, newest kept)
+// are passed to f now, in order, on the calling goroutine. Prefer this to a
+// late-bound closure in Config.OnExpire: approvals loaded already expired
+// expire right after New returns.
+func (m *Manager) SetOnExpire(f func(Pending)) {
+	m.mu.Lock()
+	m.onExpire = f
+	var late []Pending
+	if f != nil {
+		late, m.unnotified = m.unnotified, nil
+	}
+	m.mu.Unlock()
+	for _, p := range late {
+		f(p)
 	}
 }
 

@@ -488,3 +488,44 @@ func TestInjectedClock(t *testing.T) {
 		t.Fatalf("times = %d, %d; want from the injected clock", ps[0].ProposedAt, ps[0].ExpiresAt)
 	}
 }
+
+func TestSetOnExpireAfterNew(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		store := NewMemoryStore()
+		now := time.Now().UnixMilli()
+		store.Put(t.Context(), Pending{TID: "t", ConfirmID: "old", Variant: "v", ProposedAt: now - 20*60_000, ExpiresAt: now - 10*60_000})
+		m := newManager(t, Config{Store: store}) // no hook yet
+		synctest.Wait()                          // "old" expires with no hook
+		var got []string
+		m.SetOnExpire(func(p Pending) { got = append(got, p.ConfirmID) })
+		if fmt.Sprint(got) != "[old]" {
+			t.Fatalf("late hook got %v, want [old]", got)
+		}
+		expired := make(chan string, 1)
+		m.SetOnExpire(func(p Pending) { expired <- p.ConfirmID })
+		m.Propose(t.Context(), prop("t", "new"))
+		time.Sleep(DefaultExpiry)
+		if id := <-expired; id != "new" {
+			t.Fatalf("hook got %q", id)
+		}
+	})
+}
+
+func ExampleManager() {
+	ctx := context.Background()
+	m, err := New(ctx, Config{Store: NewMemoryStore()})
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+
+	// The tab answered /message with pending-confirmation.
+	m.Propose(ctx, Pending{TID: "tid1", ConfirmID: "c-1", Variant: "clearAll"})
+	// The human approved in the tab (confirm-resolved) before the agent polled.
+	m.Resolve(ctx, "tid1", "c-1", Resolution{Status: StatusConfirmed})
+	// The agent's /confirm-result poll still sees it: resolutions are kept.
+	r, err := m.Wait(ctx, "tid1", "c-1")
+	fmt.Println(r.Status, r.Variant, err)
+	// Output: confirmed clearAll <nil>
+}
