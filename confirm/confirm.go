@@ -296,6 +296,7 @@ func (m *Manager) Propose(ctx context.Context, p Pending) error {
 	if m.closed {
 		return ErrClosed
 	}
+	m.sweepLocked()
 	now := m.now()
 	if p.ProposedAt == 0 {
 		p.ProposedAt = now.UnixMilli()
@@ -307,7 +308,7 @@ func (m *Manager) Propose(ctx context.Context, p Pending) error {
 	if _, ok := ts.pending[p.ConfirmID]; ok {
 		return ErrDuplicate
 	}
-	if e, ok := ts.kept[p.ConfirmID]; ok && now.Before(e.keepTill) {
+	if _, ok := ts.kept[p.ConfirmID]; ok {
 		return nil
 	}
 	if len(ts.pending) >= MaxPendingPerTID {

@@ -529,3 +529,18 @@ func ExampleManager() {
 	fmt.Println(r.Status, r.Variant, err)
 	// Output: confirmed clearAll <nil>
 }
+
+func TestReproposeAfterKeepWindow(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		m := newManager(t, Config{Keep: time.Minute})
+		m.Resolve(t.Context(), "t", "c", confirmed)
+		time.Sleep(2 * time.Minute) // the resolution is forgotten
+		if err := m.Propose(t.Context(), prop("t", "c")); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := m.Resolve(t.Context(), "t", "c", confirmed); !ok {
+			t.Fatal("an id re-proposed after its keep window is not pending")
+		}
+	})
+}
