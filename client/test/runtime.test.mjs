@@ -1,0 +1,383 @@
+// Drives createAgent with a fake WebSocket, fetch and storage (Node has no
+// browser). The real-browser path is covered by the chromedp E2E.
+import { test, mock } from 'node:test'
+import assert from 'node:assert/strict'
+import { createAgent } from '../lapd.js'
+
+class FakeWS {
+  static all = []
+  constructor(url) { this.url = url; this.readyState = 0; this.sent = []; this.closedWith = null; FakeWS.all.push(this) }
+  send(s) { this.sent.push(JSON.parse(s)) }
+  close(code) { this.closedWith = code ?? 1000; this.readyState = 3 }
+  // test side
+  open() { this.readyState = 1; this.onopen && this.onopen({}) }
+  frame(f) { this.onmessage && this.onmessage({ data: JSON.stringify(f) }) }
+  drop(code = 1006, reason = '') { this.readyState = 3; this.onclose && this.onclose({ code, reason }) }
+  frames(t) { return this.sent.filter((f) => f.t === t) }
+}
+
+function memStorage(init = {}) {
+  const m = new Map(Object.entries(init))
+  return { getItem: (k) => (m.has(k) ? m.get(k) : null), setItem: (k, v) => m.set(k, String(v)), removeItem: (k) => m.delete(k), map: m }
+}
+
+function json(status, body, headers = {}) {
+  return { ok: status >= 200 && status < 300, status, statusText: '', headers: { get: (k) => headers[k] ?? null }, json: async () => body }
+}
+
+const MINT = { token: 'agt_TESTTOKEN', tid: 't-1', wsUrl: 'ws://app.test/agent/ws', lapUrl: 'http://app.test/agent/lap/v1', expiresAt: Date.now() + 3600e3, lapVersion: 2 }
+
+function setup({ storage = memStorage(), routes = {}, ...extra } = {}) {
+  FakeWS.all = []
+  const calls = []
+  const fetch = async (url, init) => {
+    calls.push({ url, init })
+    const path = new URL(url).pathname
+    if (routes[path]) return routes[path](init)
+    if (path === '/agent/mint') return json(200, MINT)
+    if (path === '/agent/revoke') return json(200, { status: 'revoked' })
+    return json(404, { error: { code: 'not-found' } })
+  }
+  let state = { tasks: [], filter: 'all' }
+  const subs = new Set()
+  const store = {
+    get: () => state,
+    set(next) { state = next; for (const fn of subs) fn() },
+  }
+  const agent = createAgent({
+    app: { name: 'test', version: '1' },
+    getState: store.get,
+    subscribe: (fn) => { subs.add(fn); return () => subs.delete(fn) },
+    actions: {
+      addTask: {
+        intent: 'Add a task',
+        schema: { type: 'object', required: ['title'], properties: { title: { type: 'string', minLength: 1 } }, additionalProperties: false },
+        handler: ({ title }) => store.set({ ...state, tasks: [...state.tasks, { title, done: false }] }),
+      },
+      save: {
+        intent: 'Save (async)',
+        handler: () => new Promise((res) => setTimeout(() => { store.set({ ...state, saved: true }); res() }, 30)),
+      },
+      fail: { intent: 'Fails later', handler: () => Promise.reject(new Error('boom')) },
+      clearAll: { intent: 'Delete every task', requiresConfirm: true, handler: () => store.set({ ...state, tasks: [] }) },
+      reset: { intent: 'Reset', humanOnly: true, handler: () => {} },
+    },
+    context: (s) => ({ summary: `${s.tasks.length} tasks` }),
+    ui: false, baseUrl: 'http://app.test', storage, fetch, WebSocket: FakeWS,
+    ...extra,
+  })
+  return { agent, calls, store, storage, subs }
+}
+
+const tick = () => new Promise((r) => setImmediate(r))
+async function until(fn, what) {
+  for (let i = 0; i < 500; i++) { if (fn()) return; await new Promise((r) => setTimeout(r, 2)) }
+  throw new Error('timed out waiting for ' + what)
+}
+
+async function connected(opts) {
+  const env = setup(opts)
+  env.agent.connect()
+  await until(() => FakeWS.all.length === 1, 'socket')
+  env.ws = FakeWS.all[0]
+  env.ws.open()
+  return env
+}
+
+async function rpc(ws, tool, args = {}, id = 'r' + Math.random().toString(16).slice(2)) {
+  ws.frame({ t: 'rpc', id, tool, args })
+  await until(() => ws.sent.some((f) => (f.t === 'rpc-reply' || f.t === 'rpc-error') && f.id === id), `reply to ${tool}`)
+  await until(() => ws.sent.some((f) => f.t === 'log-append' && f.entry.id === id), `log-append for ${tool}`)
+  return { reply: ws.sent.find((f) => (f.t === 'rpc-reply' || f.t === 'rpc-error') && f.id === id), log: ws.sent.find((f) => f.t === 'log-append' && f.entry.id === id).entry }
+}
+
+test('mint, hello, active, connect line, persisted session', async () => {
+  const statuses = []
+  const env = setup()
+  env.agent.on('status', (s) => statuses.push(s))
+  env.agent.connect()
+  await until(() => FakeWS.all.length === 1, 'socket')
+  const ws = FakeWS.all[0]
+  assert.equal(ws.url, 'ws://app.test/agent/ws?token=agt_TESTTOKEN')
+  assert.equal(env.calls[0].url, 'http://app.test/agent/mint')
+  assert.equal(env.calls[0].init.credentials, 'include')
+  ws.open()
+  const [hello] = ws.frames('hello')
+  assert.equal(hello.appName, 'test')
+  assert.equal(hello.lapVersion, 2)
+  assert.equal(hello.visible, true)
+  assert.deepEqual(hello.policy.variants.reset, { intent: 'Reset', humanOnly: true })
+  assert.equal(typeof hello.schemaHash, 'string')
+  assert.equal(env.agent.status, 'pending-claude')
+  assert.equal(env.agent.connectLine, 'Connect to my app with lapd: connect_session url=http://app.test/agent/lap/v1 token=agt_TESTTOKEN')
+  ws.frame({ t: 'active' })
+  assert.equal(env.agent.status, 'active')
+  assert.deepEqual(statuses, ['minting', 'pending-claude', 'active'])
+  const stored = JSON.parse(env.storage.getItem('lapd:session'))
+  assert.deepEqual(Object.keys(stored).sort(), ['expiresAt', 'lapUrl', 'tid', 'token', 'wsUrl'])
+  env.agent.destroy()
+})
+
+test('mint failure → error with http code', async () => {
+  const env = setup({ routes: { '/agent/mint': () => json(401, { error: { code: 'auth-required' } }) } })
+  env.agent.connect()
+  await until(() => env.agent.status === 'error', 'error')
+  assert.deepEqual(env.agent.error, { code: 'http-401', detail: 'auth-required' })
+  assert.equal(FakeWS.all.length, 0)
+})
+
+test('a stored session is restored without a new mint', async () => {
+  const storage = memStorage({ 'lapd:session': JSON.stringify(MINT) })
+  const env = setup({ storage })
+  await until(() => FakeWS.all.length === 1, 'socket')
+  assert.equal(env.calls.length, 0)
+  assert.equal(env.agent.status, 'pending-claude')
+  env.agent.destroy()
+  const expired = memStorage({ 'lapd:session': JSON.stringify({ ...MINT, expiresAt: Date.now() - 1 }) })
+  const env2 = setup({ storage: expired })
+  await tick()
+  assert.equal(FakeWS.all.length, 0)
+  assert.equal(env2.agent.status, 'idle')
+})
+
+test('read tools reply and log with entry.id = rpc id', async () => {
+  const { agent, ws, store } = await connected()
+  store.set({ tasks: [{ title: 'a/b', done: false }], filter: 'all' })
+  let r = await rpc(ws, 'get_state', { path: '/tasks/0' }, 'id-1')
+  assert.deepEqual(r.reply, { t: 'rpc-reply', id: 'id-1', result: { state: { title: 'a/b', done: false } } })
+  assert.equal(r.log.kind, 'read')
+  assert.equal(r.log.intent, 'Read app state')
+  r = await rpc(ws, 'get_state', { path: '/nope' })
+  assert.deepEqual(r.reply.result, {})
+  r = await rpc(ws, 'query_state', { path: '/tasks/5' })
+  assert.equal(r.reply.result.found, false)
+  r = await rpc(ws, 'query_state', { path: '/filter' })
+  assert.deepEqual(r.reply.result, { found: true, value: 'all' })
+  r = await rpc(ws, 'query_state', {})
+  assert.equal(r.reply.t, 'rpc-error')
+  assert.equal(r.reply.code, 'invalid')
+  assert.equal(r.log.kind, 'error')
+  r = await rpc(ws, 'list_actions')
+  assert.deepEqual(r.reply.result.actions.map((a) => a.variant), ['addTask', 'save', 'fail', 'clearAll'])
+  r = await rpc(ws, 'observe')
+  assert.deepEqual(Object.keys(r.reply.result), ['state', 'actions', 'context'])
+  assert.deepEqual(r.reply.result.context, { summary: '1 tasks' })
+  r = await rpc(ws, 'would_dispatch', { msg: { type: 'addTask', title: 'x' } })
+  assert.deepEqual(r.reply.result, { status: 'rejected', reason: 'unsupported', detail: 'this app has no pure reducer; use send_message' })
+  r = await rpc(ws, 'would_dispatch', { msg: { type: 'reset' } })
+  assert.equal(r.reply.result.reason, 'human-only')
+  ws.frame({ t: 'rpc', id: 'u1', tool: 'teleport', args: {} })
+  await until(() => ws.sent.some((f) => f.id === 'u1'), 'unknown tool')
+  assert.deepEqual(ws.sent.find((f) => f.id === 'u1'), { t: 'rpc-error', id: 'u1', code: 'invalid', detail: 'unknown tool: teleport' })
+  agent.destroy()
+})
+
+test('send_message: dispatched with diff, async effects drained, gates', async () => {
+  const { agent, ws, store } = await connected()
+  let r = await rpc(ws, 'send_message', { msg: { type: 'addTask', title: 'Milk' }, drainQuietMs: 10 })
+  assert.equal(r.reply.result.status, 'dispatched')
+  assert.deepEqual(r.reply.result.stateDiff, [{ op: 'add', path: '/tasks/0', value: { title: 'Milk', done: false } }])
+  assert.equal(r.reply.result.drain.timedOut, false)
+  assert.ok(r.reply.result.drain.effectsObserved >= 1)
+  assert.ok(Array.isArray(r.reply.result.actions))
+  assert.equal('stateAfter' in r.reply.result, false)
+  assert.equal(r.log.kind, 'dispatched')
+  assert.equal(r.log.detail, 'title="Milk"')
+  assert.deepEqual(r.log.stateDiff, r.reply.result.stateDiff)
+
+  // The save handler's promise commits after 30 ms; a 10 ms quiet window must still wait for it.
+  r = await rpc(ws, 'send_message', { msg: { type: 'save' }, drainQuietMs: 10, includeState: true })
+  assert.deepEqual(r.reply.result.stateDiff, [{ op: 'add', path: '/saved', value: true }])
+  assert.equal(r.reply.result.stateAfter.saved, true)
+
+  r = await rpc(ws, 'send_message', { msg: { type: 'fail' }, drainQuietMs: 5 })
+  assert.equal(r.reply.result.status, 'dispatched')
+  assert.equal(r.reply.result.drain.errors[0].message, 'boom')
+  r = await rpc(ws, 'describe_context')
+  assert.match(r.reply.result.context.hints[0], /fail.*boom/)
+
+  r = await rpc(ws, 'send_message', { msg: { type: 'save' }, waitFor: 'none' })
+  assert.deepEqual(r.reply.result.stateDiff, [])
+  assert.equal(r.reply.result.drain.effectsObserved, 0)
+
+  r = await rpc(ws, 'send_message', { msg: { type: 'save' }, drainQuietMs: 100, timeoutMs: 10 })
+  assert.equal(r.reply.result.drain.timedOut, true)
+
+  const gates = [
+    [{ type: 'reset' }, 'human-only'],
+    [{ type: 'nope' }, 'invalid'],
+    [{ type: 'addTask', title: '' }, 'invalid'],
+    [{ title: 'x' }, 'invalid'],
+  ]
+  for (const [msg, reason] of gates) {
+    r = await rpc(ws, 'send_message', { msg })
+    assert.equal(r.reply.result.status, 'rejected')
+    assert.equal(r.reply.result.reason, reason)
+    assert.equal(r.log.kind, 'blocked')
+  }
+  r = await rpc(ws, 'describe_context')
+  assert.match(r.reply.result.context.hints[0], /rejected/)
+  assert.equal(store.get().tasks.length, 1)
+  agent.destroy()
+})
+
+test('confirm: propose, approve while down is queued and sent after reconnect', async () => {
+  const { agent, ws, store } = await connected()
+  store.set({ tasks: [{ title: 'a' }], filter: 'all' })
+  const seen = []
+  agent.on('confirm', (pending) => seen.push(pending.length))
+  const r = await rpc(ws, 'send_message', { msg: { type: 'clearAll' }, reason: 'user asked' })
+  assert.equal(r.reply.result.status, 'pending-confirmation')
+  assert.equal(r.log.kind, 'proposed')
+  const id = r.reply.result.confirmId
+  assert.deepEqual(agent.pendingConfirms().map((c) => [c.id, c.variant, c.reason, c.status]), [[id, 'clearAll', 'user asked', 'pending']])
+  assert.equal(store.get().tasks.length, 1, 'not run before approval')
+
+  ws.drop(1006)
+  await until(() => agent.status === 'reconnecting', 'reconnecting')
+  await agent.approve(id)
+  assert.equal(store.get().tasks.length, 0, 'approved msg runs in the app')
+  assert.equal(ws.frames('confirm-resolved').length, 0)
+
+  agent.connect() // retry now instead of after the backoff
+  await until(() => FakeWS.all.length === 2, 'second socket')
+  const ws2 = FakeWS.all[1]
+  ws2.open()
+  const [hello, resolved] = ws2.sent
+  assert.equal(hello.t, 'hello')
+  assert.equal(resolved.t, 'confirm-resolved')
+  assert.equal(resolved.confirmId, id)
+  assert.equal(resolved.outcome, 'confirmed')
+  assert.deepEqual(resolved.stateAfter.tasks, [])
+  assert.equal(agent.status, 'pending-claude')
+  assert.ok(seen.length >= 2)
+  agent.destroy()
+})
+
+test('confirm: reject, confirm-expire, confirm-sync', async () => {
+  const { agent, ws } = await connected()
+  let r = await rpc(ws, 'send_message', { msg: { type: 'clearAll' } })
+  const a = r.reply.result.confirmId
+  assert.equal(agent.reject(a), true)
+  assert.deepEqual(ws.frames('confirm-resolved').at(-1), { t: 'confirm-resolved', confirmId: a, outcome: 'user-cancelled' })
+  assert.equal(agent.reject(a), false, 'only once')
+
+  r = await rpc(ws, 'send_message', { msg: { type: 'clearAll' } })
+  const b = r.reply.result.confirmId
+  ws.frame({ t: 'confirm-expire', confirmId: b, reason: 'timeout' })
+  assert.deepEqual(agent.pendingConfirms(), [])
+  assert.equal(await agent.approve(b), false, 'a late Approve cannot fire')
+  assert.match(agent.log().at(-1).detail, /expired \(timeout\)/)
+
+  ws.frame({ t: 'confirm-sync', pending: [{ confirmId: 'c9', variant: 'clearAll', payload: {}, intent: 'Delete every task', reason: 'r', proposedAt: 1, expiresAt: 2 }] })
+  assert.deepEqual(agent.pendingConfirms().map((c) => [c.id, c.intent, c.status]), [['c9', 'Delete every task', 'pending']])
+  ws.frame({ t: 'confirm-sync', pending: [{ confirmId: 'c9', variant: 'clearAll' }] })
+  assert.equal(agent.pendingConfirms().length, 1, 'no duplicates')
+  agent.destroy()
+})
+
+test('watch → state-update when the pointed value changes; log-push is echoed', async () => {
+  const { agent, ws, store } = await connected()
+  ws.frame({ t: 'watch', id: 'w1', path: '/filter' })
+  store.set({ ...store.get(), tasks: [1] })
+  assert.equal(ws.frames('state-update').length, 0, 'other paths do not fire')
+  store.set({ ...store.get(), filter: 'done' })
+  assert.deepEqual(ws.frames('state-update'), [{ t: 'state-update', id: 'w1', path: '/filter', stateAfter: { tasks: [1], filter: 'done' } }])
+  ws.frame({ t: 'unwatch', id: 'w1' })
+  store.set({ ...store.get(), filter: 'all' })
+  assert.equal(ws.frames('state-update').length, 1)
+
+  const entry = { id: 'narrate-1', at: 1, kind: 'narrate', intent: 'Agent narrated', detail: 'Hello' }
+  ws.frame({ t: 'log-push', entry })
+  assert.deepEqual(ws.frames('log-append').at(-1), { t: 'log-append', entry })
+  assert.deepEqual(agent.log().at(-1), entry)
+  agent.destroy()
+})
+
+test('refused upgrade: close without open → probe 401 → error, no retry, session cleared', async () => {
+  const logs = []
+  const env = setup({ routes: { '/agent/lap/v1/describe': (init) => { logs.push(init.headers.Authorization); return json(401, { error: { code: 'auth-failed' } }) } } })
+  env.agent.connect()
+  await until(() => FakeWS.all.length === 1, 'socket')
+  FakeWS.all[0].drop(1006)
+  await until(() => env.agent.status === 'error', 'error')
+  assert.equal(env.agent.error.code, 'auth-failed')
+  assert.deepEqual(logs, ['Bearer agt_TESTTOKEN'])
+  assert.equal(env.storage.getItem('lapd:session'), null)
+  assert.equal(env.agent.connectLine, null)
+  await new Promise((r) => setTimeout(r, 20))
+  assert.equal(FakeWS.all.length, 1, 'no retry loop')
+})
+
+test('probe: 503 expired stops, 503 pending reconnects', async () => {
+  const env = setup({ routes: { '/agent/lap/v1/describe': () => json(503, { error: { code: 'paused', reconnect: 'expired' } }, { 'X-LLui-Reconnect': 'expired' }) } })
+  env.agent.connect()
+  await until(() => FakeWS.all.length === 1, 'socket')
+  FakeWS.all[0].drop(1006)
+  await until(() => env.agent.status === 'error', 'error')
+  assert.equal(env.agent.error.code, 'expired')
+
+  const env2 = setup({ routes: { '/agent/lap/v1/describe': () => json(503, { error: { code: 'paused', reconnect: 'pending' } }, { 'X-LLui-Reconnect': 'pending' }) } })
+  env2.agent.connect()
+  await until(() => FakeWS.all.length === 1, 'socket')
+  FakeWS.all[0].drop(1006)
+  await until(() => env2.agent.status === 'reconnecting', 'reconnecting')
+  env2.agent.destroy()
+})
+
+test('close codes and the revoked frame stop reconnecting', async (t) => {
+  for (const [how, want, code] of [[(ws) => ws.drop(4001), 'idle', null], [(ws) => ws.frame({ t: 'revoked' }), 'idle', null], [(ws) => ws.drop(4002), 'error', 'superseded'], [(ws) => ws.drop(4426), 'error', 'version']]) {
+    await t.test(`${want} ${code}`, async () => {
+      const { agent, ws, storage } = await connected()
+      let revoked = 0
+      agent.on('revoked', () => revoked++)
+      how(ws)
+      assert.equal(agent.status, want)
+      if (code) assert.equal(agent.error.code, code)
+      else { assert.equal(revoked, 1); assert.equal(storage.getItem('lapd:session'), null); assert.equal(agent.message, 'The session was revoked') }
+      await new Promise((r) => setTimeout(r, 10))
+      assert.equal(FakeWS.all.length, 1)
+      agent.destroy()
+    })
+  }
+})
+
+test('disconnect revokes on the server and forgets the session', async () => {
+  const { agent, ws, calls, storage } = await connected()
+  agent.disconnect()
+  assert.equal(agent.status, 'idle')
+  assert.equal(ws.closedWith, 1000)
+  await until(() => calls.some((c) => c.url.endsWith('/agent/revoke')), 'revoke call')
+  assert.deepEqual(JSON.parse(calls.find((c) => c.url.endsWith('/agent/revoke')).init.body), { tid: 't-1' })
+  assert.equal(storage.getItem('lapd:session'), null)
+})
+
+test('resume claims a new token and reconnects', async () => {
+  const env = setup({ routes: { '/agent/resume/claim': () => json(200, { ...MINT, token: 'agt_NEW' }) } })
+  assert.equal(await env.agent.resume('t-1'), true)
+  await until(() => FakeWS.all.length === 1, 'socket')
+  assert.match(FakeWS.all[0].url, /token=agt_NEW$/)
+  assert.equal(JSON.parse(env.storage.getItem('lapd:session')).token, 'agt_NEW')
+  env.agent.destroy()
+})
+
+test('heartbeat: two missed pongs drop the socket and reconnect', async () => {
+  mock.timers.enable({ apis: ['setInterval'] })
+  try {
+    const { agent, ws } = await connected()
+    ws.frame({ t: 'hello-ack', lapVersion: 2, minClientVersion: 2, heartbeatMs: 1000 })
+    mock.timers.tick(1000)
+    assert.equal(ws.frames('ping').length, 1)
+    ws.frame({ t: 'pong', at: 1 })
+    mock.timers.tick(1000)
+    mock.timers.tick(1000)
+    assert.equal(ws.frames('ping').length, 3)
+    assert.equal(agent.status, 'pending-claude')
+    mock.timers.tick(1000)
+    assert.equal(agent.status, 'reconnecting')
+    assert.equal(ws.closedWith, 4000)
+    agent.destroy()
+  } finally {
+    mock.timers.reset()
+  }
+})
