@@ -1,0 +1,590 @@
+package mcp
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+	mcpserver "github.com/mark3labs/mcp-go/server"
+
+	"github.com/lapd-dev/lapd/lap"
+)
+
+// Budgets bound how long one tool call may take, retries included
+// (reference §2e). Zero values mean the defaults.
+type Budgets struct {
+	Read           time.Duration // reads, narrate, connect: 20 s
+	Slack          time.Duration // added to timeoutMs for /message, /wait, /confirm-result: 2 s
+	MessageTimeout time.Duration // send_message timeoutMs default: 5 s
+	WaitTimeout    time.Duration // wait_for_change timeoutMs default: 10 s
+	ConfirmTimeout time.Duration // get_confirm_result timeoutMs default: 5 s
+}
+
+func (b *Budgets) defaults() {
+	if b.Read <= 0 {
+		b.Read = 20 * time.Second
+	}
+	if b.Slack <= 0 {
+		b.Slack = 2 * time.Second
+	}
+	if b.MessageTimeout <= 0 {
+		b.MessageTimeout = 5 * time.Second
+	}
+	if b.WaitTimeout <= 0 {
+		b.WaitTimeout = 10 * time.Second
+	}
+	if b.ConfirmTimeout <= 0 {
+		b.ConfirmTimeout = 5 * time.Second
+	}
+}
+
+// Config configures an Executor (and NewServer). Zero values mean defaults.
+type Config struct {
+	Client   lap.Client     // required: the only way to lapd
+	Mode     Mode           // ModeBridge (stdio, default) or ModeEndpoint (/agent/mcp)
+	Budgets  Budgets        // per-call time budgets
+	Bindings BindingsConfig // bounds of the session table
+	Logger   *slog.Logger   // nil = discard; tokens are never logged
+
+	// MaxRetries bounds the retries of one call on 503 paused (reconnect
+	// pending) and 429; default 8. Each retry must also fit the budget.
+	MaxRetries int
+	// ProgressInterval is the progress ticker period; default 1 s.
+	ProgressInterval time.Duration
+	// After is the clock for retry waits; default time.After. Tests inject
+	// one that fires at once.
+	After func(time.Duration) <-chan time.Time
+
+	// OnBind, if set, is called after a successful connect_session with the
+	// caller scope and the token key (a hash, never the token). The HTTP
+	// handler uses it to mark an MCP session authenticated and apply the
+	// per-token session cap.
+	OnBind func(scope, tokenKey string)
+
+	Name    string // server name; default "lapd"
+	Version string // server version; default "dev"
+}
+
+// Executor runs the tool catalogue over a lap.Client.
+type Executor struct {
+	cfg      Config
+	client   lap.Client
+	bindings *Bindings
+	log      *slog.Logger
+	defs     []toolDef
+}
+
+// NewExecutor validates cfg and returns an Executor with an empty session table.
+func NewExecutor(cfg Config) (*Executor, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("mcp: Config.Client is required")
+	}
+	cfg.Budgets.defaults()
+	if cfg.MaxRetries <= 0 {
+		cfg.MaxRetries = 8
+	}
+	if cfg.ProgressInterval <= 0 {
+		cfg.ProgressInterval = time.Second
+	}
+	if cfg.After == nil {
+		cfg.After = time.After
+	}
+	if cfg.Name == "" {
+		cfg.Name = "lapd"
+	}
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Executor{cfg: cfg, client: cfg.Client, bindings: NewBindings(cfg.Bindings), log: log, defs: catalogue(cfg.Mode)}, nil
+}
+
+// Bindings exposes the session table (for the HTTP handler and tests).
+func (e *Executor) Bindings() *Bindings { return e.bindings }
+
+// Register adds the 16 tools and the `connect` prompt to s.
+func (e *Executor) Register(s *mcpserver.MCPServer) {
+	tools := make([]mcpserver.ServerTool, 0, len(e.defs))
+	for _, d := range e.defs {
+		d := d
+		tools = append(tools, mcpserver.ServerTool{Tool: d.mcpTool(), Handler: func(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
+			return e.handle(ctx, d, req), nil
+		}})
+	}
+	s.AddTools(tools...)
+	s.AddPrompt(connectPrompt(), connectPromptHandler)
+}
+
+// scope names the caller for default-binding purposes.
+func (e *Executor) scope(ctx context.Context) string {
+	if e.cfg.Mode == ModeBridge {
+		return "stdio"
+	}
+	if mcpserver.IsModernRequest(ctx) {
+		return ""
+	}
+	if s := mcpserver.ClientSessionFromContext(ctx); s != nil {
+		return s.SessionID()
+	}
+	return ""
+}
+
+// args is a tool call's arguments with typed, bounded accessors.
+type args map[string]any
+
+func (d toolDef) parseArgs(req mcpgo.CallToolRequest) (args, *toolError) {
+	raw := req.GetArguments()
+	if raw == nil {
+		if r := req.GetRawArguments(); r != nil {
+			if _, ok := r.(map[string]any); !ok {
+				return nil, invalidArgs("arguments must be a JSON object")
+			}
+		}
+		raw = map[string]any{}
+	}
+	allowed := map[string]bool{"session": true}
+	for _, p := range d.props {
+		allowed[p.name] = true
+	}
+	var unknown []string
+	for k := range raw {
+		if !allowed[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		names := make([]string, 0, len(allowed))
+		for k := range allowed {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		return nil, invalidArgs("unknown argument(s) %s; %s accepts %s", strings.Join(unknown, ", "), d.name, strings.Join(names, ", "))
+	}
+	for _, r := range d.required {
+		if v, ok := raw[r]; !ok || v == nil {
+			return nil, invalidArgs("%s is required", r)
+		}
+	}
+	a := args(raw)
+	for _, p := range append(d.props, sessionProp) {
+		v, ok := a[p.name]
+		if !ok || v == nil {
+			continue
+		}
+		if err := checkType(p, v); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+func checkType(p prop, v any) *toolError {
+	switch p.schema["type"] {
+	case "string":
+		s, ok := v.(string)
+		if !ok {
+			return invalidArgs("%s must be a string", p.name)
+		}
+		if m, ok := p.schema["maxLength"].(int); ok && len(s) > m {
+			return invalidArgs("%s is longer than %d characters", p.name, m)
+		}
+		if enum, ok := p.schema["enum"].([]string); ok {
+			for _, e := range enum {
+				if s == e {
+					return nil
+				}
+			}
+			return invalidArgs("%s must be one of %s", p.name, strings.Join(enum, ", "))
+		}
+	case "boolean":
+		if _, ok := v.(bool); !ok {
+			return invalidArgs("%s must be true or false", p.name)
+		}
+	case "integer":
+		f, ok := v.(float64)
+		if !ok || f != float64(int64(f)) {
+			return invalidArgs("%s must be an integer", p.name)
+		}
+		if lo, ok := p.schema["minimum"].(int); ok && f < float64(lo) {
+			return invalidArgs("%s must be at least %d", p.name, lo)
+		}
+		if hi, ok := p.schema["maximum"].(int); ok && f > float64(hi) {
+			return invalidArgs("%s must be at most %d", p.name, hi)
+		}
+	case "object":
+		m, ok := v.(map[string]any)
+		if !ok {
+			return invalidArgs("%s must be an object", p.name)
+		}
+		if p.name == "msg" {
+			t, ok := m["type"].(string)
+			if !ok || t == "" {
+				return invalidArgs("msg.type must be the action name (a non-empty string); observe lists the actions")
+			}
+		}
+	}
+	return nil
+}
+
+func (a args) str(k string) string {
+	s, _ := a[k].(string)
+	return s
+}
+
+func (a args) has(k string) bool { v, ok := a[k]; return ok && v != nil }
+
+func (a args) ms(k string, def time.Duration) time.Duration {
+	if f, ok := a[k].(float64); ok {
+		return time.Duration(f) * time.Millisecond
+	}
+	return def
+}
+
+// handle runs one tool call. It never returns a Go error: failures are
+// isError results.
+func (e *Executor) handle(ctx context.Context, d toolDef, req mcpgo.CallToolRequest) *mcpgo.CallToolResult {
+	a, terr := d.parseArgs(req)
+	if terr != nil {
+		return terr.result()
+	}
+	p := startProgress(ctx, req, e.cfg.ProgressInterval)
+	defer p.Stop()
+	var res *mcpgo.CallToolResult
+	var err error
+	switch d.name {
+	case "connect_session":
+		res, err = e.connect(ctx, d, a, p)
+	case "disconnect_session":
+		res, err = e.disconnect(ctx, a)
+	default:
+		res, err = e.forward(ctx, d, a, p)
+	}
+	if err != nil {
+		return fromLAP(err, "").result()
+	}
+	return res
+}
+
+func (e *Executor) budget(d toolDef, a args) time.Duration {
+	b := e.cfg.Budgets
+	switch d.budget {
+	case budgetMessage:
+		return a.ms("timeoutMs", b.MessageTimeout) + b.Slack
+	case budgetWait:
+		return a.ms("timeoutMs", b.WaitTimeout) + b.Slack
+	case budgetConfirm:
+		return a.ms("timeoutMs", b.ConfirmTimeout) + b.Slack
+	default:
+		return b.Read
+	}
+}
+
+// call POSTs to LAP within budget, retrying 503 paused (reconnect pending)
+// and 429 after their Retry-After when the wait fits the remaining budget.
+// body is sent unchanged on every attempt (so an idempotencyKey is reused).
+func (e *Executor) call(ctx context.Context, b Binding, route string, body any, budget time.Duration, p *progress) (json.RawMessage, error) {
+	ctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	for attempt := 0; ; attempt++ {
+		raw, err := e.client.Call(ctx, b.Base, b.Token, route, body)
+		if err == nil {
+			return raw, nil
+		}
+		var le *lap.Error
+		if !errors.As(err, &le) {
+			le = &lap.Error{Code: CodeNetwork, Detail: err.Error()}
+		}
+		if ctx.Err() != nil {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) && context.Cause(ctx) != nil {
+				return nil, &toolError{Code: CodeNetwork, Detail: fmt.Sprintf("timed out after %d ms", budget.Milliseconds()),
+					Hint: "lapd did not answer within the call's budget; call observe to see whether it took effect, then retry (with the same idempotencyKey for send_message)."}
+			}
+			return nil, le
+		}
+		wait, why, ok := retryable(le)
+		if !ok || attempt >= e.cfg.MaxRetries || time.Until(deadline) < wait {
+			return nil, le
+		}
+		e.log.Debug("mcp: retrying LAP call", "route", route, "code", le.Code, "wait", wait, "attempt", attempt+1)
+		p.Set(fmt.Sprintf("%s; retrying in %d s…", why, seconds(wait)))
+		select {
+		case <-ctx.Done():
+			return nil, le
+		case <-e.cfg.After(wait):
+		}
+	}
+}
+
+// retryable reports whether lapd asked to come back later, and when.
+func retryable(le *lap.Error) (time.Duration, string, bool) {
+	switch {
+	case le.Code == "paused" && (le.Reconnect == "pending" || le.Reconnect == ""):
+		w := le.RetryAfter
+		if w <= 0 {
+			w = time.Second
+		}
+		return w, "the app tab is reconnecting", true
+	case le.Code == "rate-limited" && le.RetryAfter > 0:
+		return le.RetryAfter, "rate limited by lapd", true
+	}
+	return 0, "", false
+}
+
+type object_ = map[string]json.RawMessage
+
+func decodeObject(raw json.RawMessage) (object_, error) {
+	var o object_
+	if err := json.Unmarshal(raw, &o); err != nil || o == nil {
+		return nil, &toolError{Code: "internal", Hint: "lapd returned an unexpected response; call observe and retry once."}
+	}
+	return o, nil
+}
+
+func structured(v any) *mcpgo.CallToolResult {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return (&toolError{Code: "internal", Hint: "could not encode the result", Detail: err.Error()}).result()
+	}
+	return mcpgo.NewToolResultStructured(json.RawMessage(b), string(b))
+}
+
+func set(o object_, k string, v any) {
+	b, _ := json.Marshal(v)
+	o[k] = b
+}
+
+type descInfo struct {
+	Name       string `json:"name"`
+	Version    string `json:"version"`
+	SchemaHash string `json:"schemaHash"`
+}
+
+func (e *Executor) connect(ctx context.Context, d toolDef, a args, p *progress) (*mcpgo.CallToolResult, error) {
+	base, token := "", ""
+	if line := a.str("line"); line != "" {
+		var err error
+		base, token, err = ParseConnectLine(line)
+		if err != nil && !a.has("token") {
+			return nil, invalidArgs("%s; pass the whole line the user copied from the app's \"Connect an AI\" panel", err.Error())
+		}
+	}
+	if a.has("url") {
+		base = a.str("url")
+	}
+	if a.has("token") {
+		token = a.str("token")
+	}
+	if e.cfg.Mode == ModeEndpoint {
+		base = ""
+	} else {
+		if base == "" {
+			return nil, invalidArgs("no LAP URL given; pass the whole connect line as line, or url and token")
+		}
+		u, err := url.Parse(base)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, invalidArgs("url must be an http(s) URL like http://localhost:8080/agent/lap/v1")
+		}
+		base = strings.TrimRight(base, "/")
+	}
+	if !strings.HasPrefix(token, "agt_") {
+		return nil, invalidArgs("no agt_… token given; pass the whole connect line the user copied from the app")
+	}
+	scope := e.scope(ctx)
+	b := e.bindings.Bind(scope, base, token)
+	p.Set("connecting to the app…")
+	raw, err := e.call(ctx, b, "/observe", nil, e.cfg.Budgets.Read, p)
+	if err != nil {
+		e.bindings.Remove(b.Handle)
+		return nil, err
+	}
+	o, err := decodeObject(raw)
+	if err != nil {
+		e.bindings.Remove(b.Handle)
+		return nil, err
+	}
+	var di descInfo
+	_ = json.Unmarshal(o["description"], &di)
+	e.bindings.Update(b.Handle, func(b *Binding) { b.AppName, b.AppVersion, b.SchemaHash = di.Name, di.Version, di.SchemaHash })
+	if e.cfg.OnBind != nil {
+		e.cfg.OnBind(scope, b.TokenKey)
+	}
+	e.log.Info("mcp: session connected", "session", b.Handle, "app", di.Name, "token", b.TokenKey)
+	set(o, "status", "connected")
+	set(o, "session", b.Handle)
+	set(o, "appName", di.Name)
+	set(o, "appVersion", di.Version)
+	set(o, "next", "Connected to "+orApp(di.Name)+" as session "+b.Handle+". Read state and actions above; call narrate before multi-step work, then send_message to act. Pass session=\""+b.Handle+"\" when several apps are connected or when asked.")
+	return structured(o), nil
+}
+
+func orApp(name string) string {
+	if name == "" {
+		return "the app"
+	}
+	return name
+}
+
+func (e *Executor) disconnect(ctx context.Context, a args) (*mcpgo.CallToolResult, error) {
+	b, vis, err := e.bindings.Resolve(e.scope(ctx), a.str("session"))
+	if err != nil {
+		if errors.Is(err, ErrUnbound) || errors.Is(err, ErrUnknownSession) {
+			return structured(map[string]any{"status": "not-connected", "session": a.str("session")}), nil
+		}
+		return nil, bindingError(err, a.str("session"), vis)
+	}
+	e.bindings.Remove(b.Handle)
+	return structured(map[string]any{"status": "disconnected", "session": b.Handle}), nil
+}
+
+// forward runs a tool that maps onto one LAP route.
+func (e *Executor) forward(ctx context.Context, d toolDef, a args, p *progress) (*mcpgo.CallToolResult, error) {
+	handle := a.str("session")
+	b, vis, err := e.bindings.Resolve(e.scope(ctx), handle)
+	if err != nil {
+		return nil, bindingError(err, handle, vis)
+	}
+	body := map[string]any{}
+	for _, pr := range d.props {
+		if a.has(pr.name) {
+			body[pr.name] = a[pr.name]
+		}
+	}
+	switch d.name {
+	case "send_message":
+		if body["idempotencyKey"] == nil {
+			body["idempotencyKey"] = newIdempotencyKey()
+		}
+		t, _ := a["msg"].(map[string]any)["type"].(string)
+		p.Set("dispatching " + t + " and waiting for its effects to settle…")
+	case "get_confirm_result":
+		p.Set("waiting for the user to approve or reject in the app…")
+	case "wait_for_change":
+		p.Set("waiting for a change in the app…")
+	}
+	var reqBody any = body
+	if len(body) == 0 {
+		reqBody = nil
+	}
+	raw, err := e.call(ctx, b, d.route, reqBody, e.budget(d, a), p)
+	if err != nil {
+		te := fromLAP(err, b.Base)
+		if d.name == "send_message" {
+			if te.Extra == nil {
+				te.Extra = map[string]any{}
+			}
+			te.Extra["idempotencyKey"] = body["idempotencyKey"]
+		}
+		return nil, te
+	}
+	if d.name == "narrate" || d.name == "query_dom" || d.name == "get_state" || d.name == "list_actions" {
+		return mcpgo.NewToolResultStructured(raw, string(raw)), nil // pass through untouched
+	}
+	o, err := decodeObject(raw)
+	if err != nil {
+		return nil, err
+	}
+	var status string
+	_ = json.Unmarshal(o["status"], &status)
+	switch d.name {
+	case "observe", "describe_app":
+		e.noteSchema(b, d.name, o)
+	case "send_message":
+		set(o, "idempotencyKey", body["idempotencyKey"])
+		switch status {
+		case "rejected":
+			return nil, rejection(o)
+		case "pending-confirmation":
+			var id string
+			_ = json.Unmarshal(o["confirmId"], &id)
+			set(o, "next", "The app asks the user to approve this action. Tell the user to approve or reject it in the app, then call get_confirm_result with confirmId=\""+id+"\".")
+		case "confirmed":
+			set(o, "next", "The user approved it and the action ran; call observe to see its full effects.")
+		}
+	case "get_confirm_result":
+		switch status {
+		case "rejected":
+			return nil, rejection(o)
+		case "still-pending":
+			set(o, "next", "The user has not decided yet; remind them to approve or reject it in the app, then call get_confirm_result again.")
+		case "confirmed":
+			set(o, "next", "Approved and dispatched; call observe to see its full effects.")
+		}
+	}
+	return structured(o), nil
+}
+
+// noteSchema records the schema hash (and app name) and flags a change.
+func (e *Executor) noteSchema(b Binding, tool string, o object_) {
+	var di descInfo
+	if tool == "observe" {
+		_ = json.Unmarshal(o["description"], &di)
+	} else {
+		_ = json.Unmarshal(mustJSON(o), &di)
+	}
+	if di.SchemaHash == "" {
+		return
+	}
+	changed := false
+	e.bindings.Update(b.Handle, func(bb *Binding) {
+		changed = bb.SchemaHash != "" && bb.SchemaHash != di.SchemaHash
+		bb.SchemaHash = di.SchemaHash
+		if di.Name != "" {
+			bb.AppName = di.Name
+		}
+	})
+	if changed && tool == "observe" {
+		set(o, "schemaChanged", true)
+		set(o, "schemaChangedNote", "The app's actions or state schema changed since you last looked (the app was updated or navigated). Use the actions and description in this result; earlier ones may be stale.")
+	}
+}
+
+func mustJSON(o object_) []byte {
+	b, _ := json.Marshal(o)
+	return b
+}
+
+func newIdempotencyKey() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "mcp_" + handleEncoding.EncodeToString(b[:])
+}
+
+// connectPrompt is the `connect` prompt: a slash command that turns the
+// pasted line into a request to call connect_session.
+func connectPrompt() mcpgo.Prompt {
+	return mcpgo.NewPrompt("connect",
+		mcpgo.WithPromptDescription("Connect to a live app: paste the line from the app's \"Connect an AI\" panel."),
+		mcpgo.WithArgument("line", mcpgo.ArgumentDescription("The connect line copied from the app."), mcpgo.RequiredArgument()),
+	)
+}
+
+func connectPromptHandler(_ context.Context, req mcpgo.GetPromptRequest) (*mcpgo.GetPromptResult, error) {
+	line := req.Params.Arguments["line"]
+	if strings.TrimSpace(line) == "" {
+		return nil, errors.New("line is required: paste the line from the app's \"Connect an AI\" panel")
+	}
+	if len(line) > MaxConnectLine {
+		return nil, errors.New("line is longer than 8 KiB")
+	}
+	var q bytes.Buffer
+	q.WriteString("Please connect to my app: call the lapd connect_session tool with line set to exactly this text:\n\n")
+	q.WriteString(line)
+	q.WriteString("\n\nThen call observe, tell me briefly what you see, and use narrate to tell me what you are doing before multi-step work.")
+	return mcpgo.NewGetPromptResult("Connect to a live app", []mcpgo.PromptMessage{
+		mcpgo.NewPromptMessage(mcpgo.RoleUser, mcpgo.NewTextContent(q.String())),
+	}), nil
+}

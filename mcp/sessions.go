@@ -1,0 +1,252 @@
+package mcp
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/hex"
+	"errors"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Binding is one connected app session: where its LAP endpoint is and the
+// bearer that opens it. The token lives only in memory and is never logged,
+// audited or returned to the model.
+type Binding struct {
+	Handle     string    // "s_" + 16 base32 characters (80 random bits); doubles as a capability
+	Scope      string    // who may use it without naming it: "stdio", an MCP session id, or "" (modern HTTP)
+	Base       string    // LAP base URL (bridge mode); empty in endpoint mode
+	Token      string    // the agt_ bearer; never logged
+	TokenKey   string    // short SHA-256 prefix of Token, for per-token caps and logs
+	AppName    string    // from the prefetched /observe
+	AppVersion string    // from the prefetched /observe
+	SchemaHash string    // last seen description.schemaHash
+	CreatedAt  time.Time // bind time
+	LastUsed   time.Time // last tool call that used it
+}
+
+// BindingSummary is what the model may see about a binding (no token).
+type BindingSummary struct {
+	Session string `json:"session"`
+	AppName string `json:"appName,omitempty"`
+}
+
+// BindingsConfig bounds a Bindings table. Zero values mean the documented defaults.
+type BindingsConfig struct {
+	MaxBindings         int              // whole table; default 256
+	MaxBindingsPerScope int              // per caller scope; default 16
+	MaxBindingsPerToken int              // per bearer; default 8
+	IdleTTL             time.Duration    // a binding unused this long is dropped; default 30 min
+	Now                 func() time.Time // clock; default time.Now
+}
+
+// Errors returned by Bindings lookups. The executor turns them into
+// model-facing messages (errors.go).
+var (
+	ErrUnbound         = errors.New("mcp: no app session is connected")
+	ErrAmbiguous       = errors.New("mcp: several app sessions are connected; pass session")
+	ErrUnknownSession  = errors.New("mcp: unknown or expired session handle")
+	ErrSessionRequired = errors.New("mcp: this client has no MCP session; pass session")
+)
+
+// Bindings is the table of connected app sessions, keyed by handle. It is
+// safe for concurrent use. It starts no goroutines: expiry is applied lazily
+// on every access.
+type Bindings struct {
+	cfg BindingsConfig
+
+	mu sync.Mutex
+	m  map[string]*Binding
+}
+
+// NewBindings returns an empty table with cfg's bounds.
+func NewBindings(cfg BindingsConfig) *Bindings {
+	if cfg.MaxBindings <= 0 {
+		cfg.MaxBindings = 256
+	}
+	if cfg.MaxBindingsPerScope <= 0 {
+		cfg.MaxBindingsPerScope = 16
+	}
+	if cfg.MaxBindingsPerToken <= 0 {
+		cfg.MaxBindingsPerToken = 8
+	}
+	if cfg.IdleTTL <= 0 {
+		cfg.IdleTTL = 30 * time.Minute
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Bindings{cfg: cfg, m: make(map[string]*Binding)}
+}
+
+var handleEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// newHandle returns "s_" + 16 base32 characters (80 random bits).
+func newHandle() string {
+	var b [10]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+	return "s_" + handleEncoding.EncodeToString(b[:])
+}
+
+// tokenKey is a short, non-reversible name for a token (for caps and logs).
+func tokenKey(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:8])
+}
+
+// Bind stores a binding for scope and returns a copy of it. If scope already
+// has a binding for the same base and token, that one is refreshed and its
+// handle kept (connect_session is idempotent). Bounds are enforced by evicting
+// the least recently used binding of the same token, then of the same scope,
+// then of the whole table.
+func (t *Bindings) Bind(scope, base, token string) Binding {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.cfg.Now()
+	t.sweepLocked(now)
+	key := tokenKey(token)
+	for _, b := range t.m {
+		if b.Scope == scope && b.Base == base && b.TokenKey == key && b.Token == token {
+			b.LastUsed = now
+			return *b
+		}
+	}
+	t.evictLocked(func(b *Binding) bool { return b.TokenKey == key }, t.cfg.MaxBindingsPerToken-1)
+	t.evictLocked(func(b *Binding) bool { return b.Scope == scope }, t.cfg.MaxBindingsPerScope-1)
+	t.evictLocked(func(*Binding) bool { return true }, t.cfg.MaxBindings-1)
+	b := &Binding{Handle: newHandle(), Scope: scope, Base: base, Token: token, TokenKey: key, CreatedAt: now, LastUsed: now}
+	for t.m[b.Handle] != nil { // astronomically unlikely
+		b.Handle = newHandle()
+	}
+	t.m[b.Handle] = b
+	return *b
+}
+
+// evictLocked removes least-recently-used bindings matching match until at
+// most keep remain.
+func (t *Bindings) evictLocked(match func(*Binding) bool, keep int) {
+	var sel []*Binding
+	for _, b := range t.m {
+		if match(b) {
+			sel = append(sel, b)
+		}
+	}
+	if len(sel) <= keep {
+		return
+	}
+	sort.Slice(sel, func(i, j int) bool { return sel[i].LastUsed.Before(sel[j].LastUsed) })
+	for _, b := range sel[:len(sel)-keep] {
+		delete(t.m, b.Handle)
+	}
+}
+
+func (t *Bindings) sweepLocked(now time.Time) {
+	for h, b := range t.m {
+		if now.Sub(b.LastUsed) > t.cfg.IdleTTL {
+			delete(t.m, h)
+		}
+	}
+}
+
+// Resolve finds the binding a call addresses. With handle set, the handle is
+// the capability: it works from any scope. Without it, the caller's only
+// binding is the default; scope "" (a modern HTTP client, which has no MCP
+// session) never gets a default. On ErrAmbiguous the visible bindings are
+// returned so the error can list them.
+func (t *Bindings) Resolve(scope, handle string) (Binding, []BindingSummary, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.cfg.Now()
+	t.sweepLocked(now)
+	if handle != "" {
+		b := t.m[handle]
+		if b == nil {
+			return Binding{}, t.visibleLocked(scope), ErrUnknownSession
+		}
+		b.LastUsed = now
+		return *b, nil, nil
+	}
+	if scope == "" {
+		return Binding{}, nil, ErrSessionRequired
+	}
+	vis := t.visibleLocked(scope)
+	switch len(vis) {
+	case 0:
+		return Binding{}, nil, ErrUnbound
+	case 1:
+		b := t.m[vis[0].Session]
+		b.LastUsed = now
+		return *b, nil, nil
+	default:
+		return Binding{}, vis, ErrAmbiguous
+	}
+}
+
+// visibleLocked lists scope's bindings, oldest first (stable for the model).
+func (t *Bindings) visibleLocked(scope string) []BindingSummary {
+	if scope == "" {
+		return nil
+	}
+	var bs []*Binding
+	for _, b := range t.m {
+		if b.Scope == scope {
+			bs = append(bs, b)
+		}
+	}
+	sort.Slice(bs, func(i, j int) bool {
+		if !bs[i].CreatedAt.Equal(bs[j].CreatedAt) {
+			return bs[i].CreatedAt.Before(bs[j].CreatedAt)
+		}
+		return bs[i].Handle < bs[j].Handle
+	})
+	out := make([]BindingSummary, len(bs))
+	for i, b := range bs {
+		out[i] = BindingSummary{Session: b.Handle, AppName: b.AppName}
+	}
+	return out
+}
+
+// Update applies fn to the binding with handle, if it still exists.
+func (t *Bindings) Update(handle string, fn func(*Binding)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if b := t.m[handle]; b != nil {
+		fn(b)
+	}
+}
+
+// Remove deletes one binding and reports whether it existed.
+func (t *Bindings) Remove(handle string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.m[handle]
+	delete(t.m, handle)
+	return ok
+}
+
+// DropScope deletes every binding of scope (an MCP session that ended).
+func (t *Bindings) DropScope(scope string) int {
+	if scope == "" {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for h, b := range t.m {
+		if b.Scope == scope {
+			delete(t.m, h)
+			n++
+		}
+	}
+	return n
+}
+
+// Len reports the number of live bindings.
+func (t *Bindings) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.sweepLocked(t.cfg.Now())
+	return len(t.m)
+}
