@@ -3,6 +3,7 @@ package client
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 )
 
@@ -15,6 +16,17 @@ func TestNode(t *testing.T) {
 			t.Fatal("node is required when CI=true: ", err)
 		}
 		t.Skip("node not installed")
+	}
+	// Read the test files here so `go test`'s cache is invalidated when they
+	// change (it only tracks files the Go process itself opens).
+	entries, err := os.ReadDir("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if _, err := os.ReadFile(filepath.Join("test", e.Name())); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cmd := exec.CommandContext(t.Context(), node, "--test", "test/")
 	out, err := cmd.CombinedOutput()
