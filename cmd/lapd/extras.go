@@ -6,12 +6,18 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/lapd-dev/lapd/client"
 	"github.com/lapd-dev/lapd/internal/app"
 )
 
-// mountExtras mounts /agent/mcp, /agent/client.js and the demo app. Filled in
-// as those packages land.
-func mountExtras(a *app.App, c serveConfig, log *slog.Logger) error { return nil }
+// mountExtras mounts the browser client, the demo app and /agent/mcp on the
+// app's mux.
+func mountExtras(a *app.App, c serveConfig, log *slog.Logger) error {
+	ch := client.Handler()
+	a.Mux.Handle("GET /agent/client.js", ch)
+	a.Mux.Handle("GET /agent/client.d.ts", ch)
+	return nil
+}
 
 func runMCP(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, env func(string) string) error {
 	return errors.New("mcp: not wired yet")
