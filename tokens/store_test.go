@@ -1,0 +1,135 @@
+package tokens_test
+
+import (
+	"database/sql"
+	"net/url"
+	"path/filepath"
+	"testing"
+
+	"github.com/lapd-dev/lapd/tokens"
+	"github.com/lapd-dev/lapd/tokens/storetest"
+)
+
+func TestMemoryStore(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, func(t *testing.T) tokens.Store { return tokens.NewMemoryStore() })
+}
+
+func openSQLite(t testing.TB) *tokens.SQLiteStore {
+	t.Helper()
+	s, err := tokens.OpenSQLite(filepath.Join(t.TempDir(), "lapd.db"))
+	if err != nil {
+		t.Fatalf("OpenSQLite: %v", err)
+	}
+	return s
+}
+
+func TestSQLiteStore(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, func(t *testing.T) tokens.Store { return openSQLite(t) })
+}
+
+// TestSQLiteStoreSharedDB runs the suite over a *sql.DB the test owns, as the
+// composition root does when tokens, confirm and audit share lapd.db.
+func TestSQLiteStoreSharedDB(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, func(t *testing.T) tokens.Store {
+		q := url.Values{}
+		q.Add("_pragma", "journal_mode(WAL)")
+		q.Add("_pragma", "busy_timeout(5000)")
+		db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "shared.db")+"?"+q.Encode())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		s, err := tokens.NewSQLiteStoreDB(db)
+		if err != nil {
+			t.Fatalf("NewSQLiteStoreDB: %v", err)
+		}
+		return s
+	})
+}
+
+func TestSQLiteStoreSurvivesReopen(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "lapd.db")
+	s, err := tokens.OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, hash := tokens.Generate()
+	want := tokens.Record{TID: "t1", TokenHash: hash, UID: "alice", Status: tokens.StatusPendingResume,
+		CreatedAt: 1, ExpiresAt: 2, LastSeenAt: 3, PendingResumeUntil: 4, Origin: "https://a", Label: "L"}
+	if err := s.Create(t.Context(), want); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+
+	s, err = tokens.OpenSQLite(path)
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	defer s.Close()
+	h, _ := tokens.Hash(tok)
+	got, err := s.FindByHash(t.Context(), h)
+	if err != nil || got != want {
+		t.Errorf("after reopen FindByHash = %+v, %v; want %+v", got, err, want)
+	}
+}
+
+func TestSQLiteStoreRefusesNewerSchema(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "lapd.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`PRAGMA user_version = 99`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tokens.NewSQLiteStoreDB(db); err == nil {
+		t.Fatal("NewSQLiteStoreDB accepted a database from a newer lapd")
+	}
+}
+
+// TestSQLiteStoresShareFile checks that two processes' worth of stores on one
+// file (each with its own pool) do not lose concurrent updates.
+func TestSQLiteStoresShareFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "lapd.db")
+	a, err := tokens.OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := tokens.OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	_, hash := tokens.Generate()
+	if err := a.Create(t.Context(), tokens.Record{TID: "t1", TokenHash: hash, Status: tokens.StatusActive}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 50
+	done := make(chan error, 2*n)
+	for _, s := range []*tokens.SQLiteStore{a, b} {
+		go func() {
+			for range n {
+				_, err := s.Update(t.Context(), "t1", func(r *tokens.Record) error { r.LastSeenAt++; return nil })
+				done <- err
+			}
+		}()
+	}
+	for range 2 * n {
+		if err := <-done; err != nil {
+			t.Errorf("Update: %v", err)
+		}
+	}
+	if r, err := a.Get(t.Context(), "t1"); err != nil || r.LastSeenAt != 2*n {
+		t.Errorf("LastSeenAt = %d, %v; want %d", r.LastSeenAt, err, 2*n)
+	}
+}
