@@ -1,0 +1,57 @@
+package mcp
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log"
+
+	mcpserver "github.com/mark3labs/mcp-go/server"
+)
+
+// NewServer builds an MCP server with the 16 tools, the `connect` prompt and
+// the workflow instructions, backed by a new Executor over cfg.Client.
+func NewServer(cfg Config) (*mcpserver.MCPServer, *Executor, error) {
+	e, err := NewExecutor(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	s := mcpserver.NewMCPServer(e.cfg.Name, e.cfg.Version,
+		mcpserver.WithToolCapabilities(false),
+		mcpserver.WithPromptCapabilities(false),
+		mcpserver.WithInstructions(Instructions),
+		mcpserver.WithTitle("lapd — drive a live web app"),
+		mcpserver.WithRecovery(),
+		mcpserver.WithLogger(e.log),
+	)
+	e.Register(s)
+	return s, e, nil
+}
+
+// ServeStdio serves MCP over in/out (newline-delimited JSON-RPC) until in
+// reaches EOF (returns nil) or ctx is cancelled (returns nil). cfg.Mode is
+// forced to ModeBridge. Nothing but protocol messages is written to out; logs
+// go to cfg.Logger only. Only one ServeStdio may run per process (mcp-go's
+// stdio session is a package-level singleton).
+func ServeStdio(ctx context.Context, cfg Config, in io.Reader, out io.Writer) error {
+	cfg.Mode = ModeBridge
+	s, e, err := NewServer(cfg)
+	if err != nil {
+		return err
+	}
+	ss := mcpserver.NewStdioServer(s)
+	ss.SetErrorLogger(log.New(slogWriter{e}, "", 0))
+	err = ss.Listen(ctx, in, out)
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) || ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// slogWriter adapts mcp-go's *log.Logger error output to the executor's slog.Logger.
+type slogWriter struct{ e *Executor }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.e.log.Warn("mcp stdio: " + string(p))
+	return len(p), nil
+}
