@@ -1,0 +1,179 @@
+// Package examples embeds lapd's demo app, Taskboard, and serves it.
+//
+// Taskboard (examples/taskboard) is a small kanban board wired to lapd.js: it
+// declares its actions once (add, toggle, rename, move, filter, an async save,
+// a clear-all that needs the user's approval, a reset only humans may do) and
+// uses the same table for its own buttons and for the AI. `lapd serve` mounts
+// it by default; a Go program can do the same:
+//
+//	mux.Handle("/agent/client.js", client.Handler())
+//	mux.Handle("/demo/save", examples.SaveHandler())
+//	mux.Handle("/", examples.Handler())
+//
+// The save route answers after SaveDelay so that send_message's "drained" wait
+// has a real asynchronous effect to wait for. examples/react and examples/vue
+// hold short, unbuilt snippets for wiring lapd.js into those frameworks.
+package examples
+
+import (
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+//go:embed taskboard/index.html taskboard/app.js taskboard/style.css
+var taskboard embed.FS
+
+// SaveDelay is how long SaveHandler takes to answer.
+const SaveDelay = 150 * time.Millisecond
+
+// MaxSaveBytes bounds the board a save may carry.
+const MaxSaveBytes = 256 << 10
+
+type file struct {
+	body        []byte
+	etag        string
+	contentType string
+}
+
+var files = func() map[string]file {
+	m := map[string]file{}
+	add := func(path, name, ctype string) {
+		b, err := taskboard.ReadFile("taskboard/" + name)
+		if err != nil {
+			panic("examples: missing embedded " + name)
+		}
+		sum := sha256.Sum256(b)
+		m[path] = file{body: b, etag: `"` + hex.EncodeToString(sum[:]) + `"`, contentType: ctype}
+	}
+	add("/", "index.html", "text/html; charset=utf-8")
+	add("/index.html", "index.html", "text/html; charset=utf-8")
+	add("/app.js", "app.js", "text/javascript; charset=utf-8")
+	add("/style.css", "style.css", "text/css; charset=utf-8")
+	return m
+}()
+
+// Handler serves the Taskboard page at / (and /index.html, /app.js,
+// /style.css) for GET and HEAD, with a strong ETag (SHA-256), Cache-Control:
+// no-cache and 304 on If-None-Match. The page loads /agent/client.js, which
+// the client package serves.
+func Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f, ok := files[r.URL.Path]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		h := w.Header()
+		h.Set("ETag", f.etag)
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Content-Type-Options", "nosniff")
+		if etagMatches(r.Header.Get("If-None-Match"), f.etag) {
+			w.WriteHeader(http.StatusNotModified)
+			return
+		}
+		h.Set("Content-Type", f.contentType)
+		h.Set("Content-Length", strconv.Itoa(len(f.body)))
+		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodGet {
+			_, _ = w.Write(f.body)
+		}
+	})
+}
+
+func etagMatches(header, etag string) bool {
+	if header == "" {
+		return false
+	}
+	for _, t := range strings.Split(header, ",") {
+		t = strings.TrimPrefix(strings.TrimSpace(t), "W/")
+		if t == "*" || t == etag {
+			return true
+		}
+	}
+	return false
+}
+
+// SaveHandler is the demo's POST /demo/save: it stores the JSON board it is
+// given in memory (one board per handler, at most MaxSaveBytes) and answers
+// {"ok":true,"savedAt":<ms>,"tasks":<n>} after SaveDelay. GET returns the last
+// saved board ({"board":null} before the first save). A request cancelled
+// during the delay is not stored.
+func SaveHandler() http.Handler {
+	s := &saver{}
+	return s
+}
+
+type saver struct {
+	mu      sync.Mutex
+	board   json.RawMessage
+	savedAt int64
+}
+
+func (s *saver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.Method {
+	case http.MethodGet:
+		s.mu.Lock()
+		board, at := s.board, s.savedAt
+		s.mu.Unlock()
+		if board == nil {
+			board = json.RawMessage("null")
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"board": board, "savedAt": at})
+	case http.MethodPost:
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxSaveBytes))
+		if err != nil {
+			writeJSON(w, http.StatusRequestEntityTooLarge, errBody("payload-too-large", "the board is over 256 KiB"))
+			return
+		}
+		var board struct {
+			Tasks []json.RawMessage `json:"tasks"`
+		}
+		if err := json.Unmarshal(body, &board); err != nil || board.Tasks == nil {
+			writeJSON(w, http.StatusBadRequest, errBody("invalid", "body must be {\"tasks\":[…]}"))
+			return
+		}
+		t := time.NewTimer(SaveDelay)
+		defer t.Stop()
+		select {
+		case <-r.Context().Done():
+			return
+		case <-t.C:
+		}
+		at := time.Now().UnixMilli()
+		s.mu.Lock()
+		s.board, s.savedAt = json.RawMessage(body), at
+		s.mu.Unlock()
+		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "savedAt": at, "tasks": len(board.Tasks)})
+	default:
+		w.Header().Set("Allow", "GET, POST")
+		writeJSON(w, http.StatusMethodNotAllowed, errBody("method-not-allowed", ""))
+	}
+}
+
+func errBody(code, detail string) map[string]any {
+	e := map[string]any{"code": code}
+	if detail != "" {
+		e["detail"] = detail
+	}
+	return map[string]any{"error": e}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
