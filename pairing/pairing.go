@@ -1,20 +1,55 @@
 // Package pairing is the tab side of lapd: the /agent/ws WebSocket endpoint,
 // the registry of paired tabs keyed by tid, and RPC correlation over it.
 //
-// The token is verified before the upgrade (401/403 with the JSON error
-// envelope, never 101-then-close). Each tab has one reader goroutine and a
-// bounded send queue; a stuck tab is closed, never allowed to block others.
-// Every Call is answered exactly once: the tab's reply, its rpc-error, a
-// timeout, or ErrPaused when the tab goes away (a newer socket for the same tid
-// supersedes the old one and inherits its in-flight calls).
+// # Serving tabs
+//
+// A Registry is an http.Handler; mount it at /agent/ws:
+//
+//	reg, err := pairing.New(pairing.Config{Tokens: tm, Audit: al})
+//	mux.Handle("/agent/ws", reg)
+//	defer reg.Shutdown(ctx)
+//
+// The token (from ?token=, Authorization: Bearer, or a Sec-WebSocket-Protocol
+// entry "lapd.token.<token>") and the Origin are checked before the upgrade:
+// a refusal is an HTTP 401/403 with the JSON error envelope, never
+// 101-then-close. A tab that gets through is registered under its tid; a newer
+// socket for the same tid supersedes the old one (closed with 4002) and
+// inherits its in-flight calls and watches. The server sends nothing until the
+// tab's hello, answers hello-ack{lapVersion, minClientVersion, heartbeatMs},
+// then calls Hooks.OnPaired.
+//
+// # Talking to a tab
+//
+//	res, err := reg.Call(ctx, tid, "get_state", map[string]any{"path": "/count"}, 0)
+//	state, err := reg.Watch(ctx, tid, "/todos") // waits for the next change
+//	err = reg.Push(tid, map[string]any{"t": "active"})
+//
+// Every Call is answered exactly once: the tab's rpc-reply (result bytes are
+// passed through undecoded), its rpc-error (*RPCError), ErrTimeout, ErrPaused
+// when the tab goes away with no successor, or ctx.Err().
+//
+// # Costs and limits
+//
+// Each tab costs one reader goroutine (the HTTP handler's own) and no other
+// while idle: the writer goroutine runs only while frames are queued, and one
+// registry-wide loop sends WebSocket pings (a tab that misses two is closed
+// with 4408) and sweeps closed tabs' buffers (kept for Retention, at most
+// MaxClosed). Each tab's send queue is bounded (full → closed with 4008,
+// the caller never blocks); inbound frames are capped at MaxFrame (over →
+// 1009); in-flight calls and watches per tab are capped at MaxInFlight
+// (ErrBusy). Stats exposes counters for everything refused or dropped.
 package pairing
 
 import (
+	"container/list"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
@@ -32,6 +67,36 @@ var (
 	ErrPaused  = errors.New("pairing: tab not connected") // → 503 paused
 	ErrTimeout = errors.New("pairing: rpc timed out")     // → 504 timeout
 	ErrClosed  = errors.New("pairing: registry closed")   // shutting down
+	// ErrBusy: the tab already has MaxInFlight calls or watches waiting.
+	ErrBusy = errors.New("pairing: too many calls in flight for this tab")
+)
+
+// Defaults for the zero values of Config, and fixed limits.
+const (
+	DefaultPingInterval = 15 * time.Second
+	DefaultRPCTimeout   = 15 * time.Second
+	DefaultSendQueue    = 256
+	DefaultWriteTimeout = 10 * time.Second
+	DefaultMaxFrame     = 4 << 20
+	DefaultRetention    = 60 * time.Second
+	DefaultMaxClosed    = 128
+	DefaultLogRing      = 100
+
+	// MaxInFlight bounds the calls plus watches waiting on one tid.
+	MaxInFlight = 1024
+	// MaxLogEntry is the largest log-append entry kept in the ring (bytes);
+	// larger entries still reach Hooks.OnLogAppend.
+	MaxLogEntry = 256 << 10
+)
+
+// Close codes the server sends (see docs/PROTOCOL.md).
+const (
+	CloseSuperseded    = 4002 // a newer socket for the same tid won; do not reconnect from this one
+	CloseRevoked       = 4001 // unregistered (revoke); do not reconnect
+	CloseQueueOverflow = 4008 // the tab did not read fast enough; reconnect
+	CloseHeartbeat     = 4408 // two pings unanswered; reconnect
+	CloseVersionSkew   = 4426 // hello.lapVersion < MinClientVersion; do not reconnect
+	CloseRestart       = 1012 // server shutting down; reconnect
 )
 
 // RPCError is a tab's rpc-error reply.
@@ -54,6 +119,18 @@ type Hello struct {
 	SchemaHash        string          `json:"schemaHash"`
 	LapVersion        int             `json:"lapVersion,omitempty"`
 	Policy            json.RawMessage `json:"policy,omitempty"` // lapd: per-variant JSON Schema + annotations (see schema package)
+}
+
+// Stats are the registry's counters since New.
+type Stats struct {
+	Malformed           int64 // inbound frames that did not decode or lacked required fields
+	Unknown             int64 // inbound frames with an unknown t
+	UnknownReplies      int64 // rpc-reply/rpc-error/state-update for an id nobody waits for
+	RefusedUpgrades     int64 // /agent/ws requests answered with an error instead of 101
+	Superseded          int64 // sockets closed because a newer one for the same tid arrived
+	HeartbeatCloses     int64 // sockets closed with 4408
+	QueueOverflowCloses int64 // sockets closed with 4008
+	ActiveTabs          int   // tids with a live socket now
 }
 
 // ConfirmResolved is a tab's confirm-resolved frame.
@@ -100,57 +177,472 @@ type Config struct {
 
 // Registry holds the paired tabs. Safe for concurrent use.
 type Registry struct {
-	cfg Config
+	cfg   Config
+	hooks atomic.Pointer[Hooks]
+
+	mu       sync.Mutex
+	sessions map[string]*session // live and recently closed tids
+	closed   *list.List          // of *session, oldest close first
+	shutting bool
+	loopOn   bool          // the heartbeat/sweep loop is running
+	stop     chan struct{} // closed by Shutdown
+
+	wg sync.WaitGroup // every goroutine the registry runs or serves in
+
+	malformed, unknown, unknownReplies, refused atomic.Int64
+	superseded, hbCloses, overflowCloses        atomic.Int64
+}
+
+// session is everything lapd keeps per tid: the live socket (if any), the
+// pending calls and watches (which outlive a superseded socket), the cached
+// hello and the recent-log ring.
+type session struct {
+	tid string
+
+	mu          sync.Mutex
+	cur         *conn // nil when no socket
+	calls       map[string]chan callResult
+	watches     map[string]chan callResult
+	hello       *Hello
+	visible     *bool
+	connectedAt int64
+	lastHB      int64
+	accepts     int
+	ring        []json.RawMessage // circular, len ≤ LogRing
+	ringNext    int               // where the next entry goes once the ring is full
+	dropped     bool              // unregistered: buffers gone, nothing more is kept
+
+	closedAt   time.Time     // guarded by Registry.mu
+	closedElem *list.Element // guarded by Registry.mu; non-nil while in Registry.closed
+}
+
+type callResult struct {
+	data json.RawMessage
+	err  error
 }
 
 // New returns a Registry.
-func New(cfg Config) (*Registry, error) { panic("pairing: New not implemented") }
+func New(cfg Config) (*Registry, error) {
+	if cfg.Tokens == nil {
+		return nil, errors.New("pairing: Config.Tokens is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.PingInterval, DefaultPingInterval)
+	def(&cfg.RPCTimeout, DefaultRPCTimeout)
+	def(&cfg.WriteTimeout, DefaultWriteTimeout)
+	def(&cfg.Retention, DefaultRetention)
+	if cfg.SendQueue <= 0 {
+		cfg.SendQueue = DefaultSendQueue
+	}
+	if cfg.MaxFrame <= 0 {
+		cfg.MaxFrame = DefaultMaxFrame
+	}
+	if cfg.MaxClosed <= 0 {
+		cfg.MaxClosed = DefaultMaxClosed
+	}
+	if cfg.LogRing <= 0 {
+		cfg.LogRing = DefaultLogRing
+	}
+	r := &Registry{cfg: cfg, sessions: map[string]*session{}, closed: list.New(), stop: make(chan struct{})}
+	h := cfg.Hooks
+	r.hooks.Store(&h)
+	return r, nil
+}
 
 // SetHooks installs the hooks (the lap server does this in lap.New). Call it
 // before serving.
-func (r *Registry) SetHooks(h Hooks) { panic("not implemented") }
+func (r *Registry) SetHooks(h Hooks) { r.hooks.Store(&h) }
 
-// ServeHTTP is the /agent/ws endpoint.
-func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) { panic("not implemented") }
+// Stats returns the registry's counters.
+func (r *Registry) Stats() Stats {
+	r.mu.Lock()
+	active := 0
+	for _, s := range r.sessions {
+		if s.closedElem == nil && !s.isClosed() {
+			active++
+		}
+	}
+	r.mu.Unlock()
+	return Stats{
+		Malformed:           r.malformed.Load(),
+		Unknown:             r.unknown.Load(),
+		UnknownReplies:      r.unknownReplies.Load(),
+		RefusedUpgrades:     r.refused.Load(),
+		Superseded:          r.superseded.Load(),
+		HeartbeatCloses:     r.hbCloses.Load(),
+		QueueOverflowCloses: r.overflowCloses.Load(),
+		ActiveTabs:          active,
+	}
+}
+
+func (s *session) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur == nil
+}
+
+// live returns tid's session and its current socket, or an error.
+func (r *Registry) live(tid string) (*session, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.shutting {
+		return nil, ErrClosed
+	}
+	s := r.sessions[tid]
+	if s == nil {
+		return nil, ErrPaused
+	}
+	return s, nil
+}
+
+// newID returns a random RFC 4122 version 4 UUID.
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var out [36]byte
+	hex.Encode(out[0:8], b[0:4])
+	out[8] = '-'
+	hex.Encode(out[9:13], b[4:6])
+	out[13] = '-'
+	hex.Encode(out[14:18], b[6:8])
+	out[18] = '-'
+	hex.Encode(out[19:23], b[8:10])
+	out[23] = '-'
+	hex.Encode(out[24:], b[10:])
+	return string(out[:])
+}
+
+// await registers a waiter under id in m (calls or watches) and returns its
+// channel and the socket to send on.
+func (s *session) await(m *map[string]chan callResult, id string) (chan callResult, *conn, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return nil, nil, ErrPaused
+	}
+	if len(s.calls)+len(s.watches) >= MaxInFlight {
+		return nil, nil, ErrBusy
+	}
+	if *m == nil {
+		*m = map[string]chan callResult{}
+	}
+	ch := make(chan callResult, 1)
+	(*m)[id] = ch
+	return ch, s.cur, nil
+}
+
+// retire removes id from m and delivers res; it reports false when somebody
+// else retired id first (then they deliver).
+func (s *session) retire(m *map[string]chan callResult, id string, res callResult) bool {
+	s.mu.Lock()
+	ch, ok := (*m)[id]
+	if ok {
+		delete(*m, id)
+	}
+	s.mu.Unlock()
+	if ok {
+		ch <- res
+	}
+	return ok
+}
+
+// failAll retires every call and watch with err. Caller holds s.mu.
+func (s *session) failAllLocked(err error) {
+	for id, ch := range s.calls {
+		ch <- callResult{err: err}
+		delete(s.calls, id)
+	}
+	for id, ch := range s.watches {
+		ch <- callResult{err: err}
+		delete(s.watches, id)
+	}
+}
+
+// wait waits for ch, a timer (nil = none) or ctx, retiring id on the latter two.
+func (s *session) wait(m *map[string]chan callResult, id string, ch chan callResult, timer <-chan time.Time, ctx context.Context) (json.RawMessage, error) {
+	var res callResult
+	select {
+	case res = <-ch:
+	case <-timer:
+		if s.retire(m, id, callResult{err: ErrTimeout}) {
+			return nil, ErrTimeout
+		}
+		res = <-ch
+	case <-ctx.Done():
+		err := ctx.Err()
+		if errors.Is(err, context.DeadlineExceeded) && m == &s.watches {
+			err = ErrTimeout
+		}
+		if s.retire(m, id, callResult{err: err}) {
+			return nil, err
+		}
+		res = <-ch
+	}
+	return res.data, res.err
+}
 
 // Call sends {t:'rpc', id, tool, args} to tid's tab and waits for the answer.
 // timeout 0 = Config.RPCTimeout. Errors: ErrPaused, ErrTimeout, *RPCError,
-// ctx.Err().
+// ctx.Err() (and ErrClosed while shutting down, ErrBusy over MaxInFlight).
+// args may be json.RawMessage (sent as is) or any JSON-marshalable value.
 func (r *Registry) Call(ctx context.Context, tid, tool string, args any, timeout time.Duration) (json.RawMessage, error) {
-	panic("not implemented")
+	if timeout <= 0 {
+		timeout = r.cfg.RPCTimeout
+	}
+	s, err := r.live(tid)
+	if err != nil {
+		return nil, err
+	}
+	id := newID()
+	frame, err := rpcFrame(id, tool, args)
+	if err != nil {
+		return nil, err
+	}
+	ch, c, err := s.await(&s.calls, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.enqueue(frame); err != nil {
+		// The socket went away between await and enqueue: its close (or a
+		// successor) retires the call; if nobody has yet, we do.
+		if s.retire(&s.calls, id, callResult{err: ErrPaused}) {
+			return nil, ErrPaused
+		}
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	return s.wait(&s.calls, id, ch, t.C, ctx)
 }
 
 // Push queues a server→tab frame (any JSON-marshalable value with a "t"
-// field). ErrPaused if tid has no socket.
-func (r *Registry) Push(tid string, frame any) error { panic("not implemented") }
+// field; json.RawMessage and []byte are sent as is). ErrPaused if tid has no
+// socket. It never blocks: a full queue closes the tab (4008).
+func (r *Registry) Push(tid string, frame any) error {
+	b, err := marshalFrame(frame)
+	if err != nil {
+		return err
+	}
+	s, err := r.live(tid)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	c := s.cur
+	s.mu.Unlock()
+	if c == nil {
+		return ErrPaused
+	}
+	return c.enqueue(b)
+}
 
 // IsPaired reports whether tid has a live socket.
-func (r *Registry) IsPaired(tid string) bool { panic("not implemented") }
+func (r *Registry) IsPaired(tid string) bool {
+	s, err := r.live(tid)
+	return err == nil && !s.isClosed()
+}
 
-// Hello returns tid's cached hello.
-func (r *Registry) Hello(tid string) (Hello, bool) { panic("not implemented") }
+// Hello returns tid's cached hello (kept for Retention after the socket closes).
+func (r *Registry) Hello(tid string) (Hello, bool) {
+	r.mu.Lock()
+	s := r.sessions[tid]
+	r.mu.Unlock()
+	if s == nil {
+		return Hello{}, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hello == nil {
+		return Hello{}, false
+	}
+	return *s.hello, true
+}
 
 // Health reports tid's connection health.
-func (r *Registry) Health(tid string) Health { panic("not implemented") }
+func (r *Registry) Health(tid string) Health {
+	r.mu.Lock()
+	s := r.sessions[tid]
+	r.mu.Unlock()
+	if s == nil {
+		return Health{}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := Health{Connected: s.cur != nil, LastHeartbeat: s.lastHB, ConnectedAt: s.connectedAt}
+	if s.visible != nil {
+		v := *s.visible
+		h.Visible = &v
+	}
+	if s.accepts > 1 {
+		h.Reconnects = s.accepts - 1
+	}
+	return h
+}
 
 // Watch pushes watch{id,path}, waits for the matching state-update and pushes
 // unwatch{id}. It returns the update's stateAfter; ErrTimeout when ctx's
 // deadline passes first; ErrPaused if the socket goes away.
 func (r *Registry) Watch(ctx context.Context, tid, path string) (json.RawMessage, error) {
-	panic("not implemented")
+	s, err := r.live(tid)
+	if err != nil {
+		return nil, err
+	}
+	id := newID()
+	ch, c, err := s.await(&s.watches, id)
+	if err != nil {
+		return nil, err
+	}
+	w := struct {
+		T    string `json:"t"`
+		ID   string `json:"id"`
+		Path string `json:"path,omitempty"`
+	}{"watch", id, path}
+	b, _ := json.Marshal(w)
+	if err := c.enqueue(b); err != nil {
+		if s.retire(&s.watches, id, callResult{err: ErrPaused}) {
+			return nil, ErrPaused
+		}
+	}
+	res, err := s.wait(&s.watches, id, ch, nil, ctx)
+	s.mu.Lock()
+	c = s.cur
+	s.mu.Unlock()
+	if c != nil {
+		_ = c.enqueue([]byte(`{"t":"unwatch","id":"` + id + `"}`))
+	}
+	return res, err
 }
 
 // RecentLog returns up to n of tid's log-append entries, newest first,
-// optionally only those of kind.
+// optionally only those of kind. n ≤ 0 means all that are kept.
 func (r *Registry) RecentLog(tid string, n int, kind string) []json.RawMessage {
-	panic("not implemented")
+	r.mu.Lock()
+	s := r.sessions[tid]
+	r.mu.Unlock()
+	out := []json.RawMessage{}
+	if s == nil {
+		return out
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n <= 0 || n > len(s.ring) {
+		n = len(s.ring)
+	}
+	// Newest is just before ringNext once full; at the end while filling.
+	newest := len(s.ring) - 1
+	if len(s.ring) == r.cfg.LogRing {
+		newest = (s.ringNext - 1 + len(s.ring)) % len(s.ring)
+	}
+	for i := 0; i < len(s.ring) && len(out) < n; i++ {
+		e := s.ring[(newest-i+len(s.ring))%len(s.ring)]
+		if kind != "" && entryKind(e) != kind {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
-// Unregister pushes {t:'revoked'}, closes tid's socket, fails its calls and
-// drops its buffers (revoke, version skew).
-func (r *Registry) Unregister(tid string) { panic("not implemented") }
+// appendLog puts e in the ring.
+func (s *session) appendLogLocked(e json.RawMessage, ringCap int) {
+	if len(s.ring) < ringCap {
+		s.ring = append(s.ring, e)
+		return
+	}
+	s.ring[s.ringNext] = e
+	s.ringNext = (s.ringNext + 1) % ringCap
+}
+
+// Unregister pushes {t:'revoked'}, closes tid's socket (4001), fails its
+// calls and drops its buffers (revoke, version skew).
+func (r *Registry) Unregister(tid string) {
+	r.drop(tid, CloseRevoked, "revoked", "unregistered")
+}
+
+// drop removes tid at once: the live socket (if any) gets {t:'revoked'} when
+// code is CloseRevoked, and is closed with code.
+func (r *Registry) drop(tid string, code int, reason, auditReason string) {
+	r.mu.Lock()
+	s := r.sessions[tid]
+	if s == nil {
+		r.mu.Unlock()
+		return
+	}
+	delete(r.sessions, tid)
+	if s.closedElem != nil {
+		r.closed.Remove(s.closedElem)
+		s.closedElem = nil
+	}
+	r.mu.Unlock()
+
+	s.mu.Lock()
+	c := s.cur
+	s.cur = nil
+	s.dropped = true
+	s.failAllLocked(ErrPaused)
+	s.hello, s.ring = nil, nil
+	s.mu.Unlock()
+	if c == nil {
+		return
+	}
+	if code == CloseRevoked {
+		_ = c.enqueue([]byte(`{"t":"revoked"}`))
+	}
+	c.close(code, reason)
+	r.afterClose(tid, auditReason)
+}
+
+// afterClose runs when tid lost its socket for good (not superseded).
+func (r *Registry) afterClose(tid, reason string) {
+	if _, err := r.cfg.Tokens.Disconnected(context.Background(), tid); err != nil {
+		r.cfg.Logger.Warn("pairing: marking the token pending-resume failed", "tid", tid, "err", err)
+	}
+	if h := r.hooks.Load(); h.OnClosed != nil {
+		h.OnClosed(tid)
+	}
+	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason}})
+}
 
 // Shutdown closes every socket with close code 1012 (service restart; the
-// client reconnects), fails in-flight calls, and waits for the goroutines it
-// started, or for ctx.
-func (r *Registry) Shutdown(ctx context.Context) error { panic("not implemented") }
+// client reconnects), fails in-flight calls with ErrClosed, and waits for the
+// goroutines it started, or for ctx. New upgrades are refused with 503
+// shutting-down from the moment it is called. Calling it twice is fine.
+func (r *Registry) Shutdown(ctx context.Context) error {
+	r.mu.Lock()
+	if !r.shutting {
+		r.shutting = true
+		close(r.stop)
+	}
+	var conns []*conn
+	for _, s := range r.sessions {
+		s.mu.Lock()
+		s.failAllLocked(ErrClosed)
+		if s.cur != nil {
+			conns = append(conns, s.cur)
+		}
+		s.mu.Unlock()
+	}
+	r.mu.Unlock()
+	for _, c := range conns {
+		c.close(CloseRestart, "server restarting")
+	}
+	done := make(chan struct{})
+	go func() {
+		r.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,262 @@
+package pairing
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"time"
+)
+
+// inFrame is the envelope of every tab→server frame. Payload fields that are
+// only forwarded (result, stateAfter, entry, schemas) stay json.RawMessage so
+// they are scanned, never decoded.
+type inFrame struct {
+	T string `json:"t"`
+
+	// rpc-reply / rpc-error / state-update
+	ID         string          `json:"id"`
+	Result     json.RawMessage `json:"result"`
+	Code       string          `json:"code"`
+	Detail     json.RawMessage `json:"detail"`
+	StateAfter json.RawMessage `json:"stateAfter"`
+
+	// log-append
+	Entry json.RawMessage `json:"entry"`
+
+	// visibility, hello
+	Visible *bool `json:"visible"`
+
+	// confirm-resolved
+	ConfirmID string `json:"confirmId"`
+	Outcome   string `json:"outcome"`
+
+	// hello
+	AppName           string          `json:"appName"`
+	AppVersion        string          `json:"appVersion"`
+	MsgSchema         json.RawMessage `json:"msgSchema"`
+	StateSchema       json.RawMessage `json:"stateSchema"`
+	AffordancesSample json.RawMessage `json:"affordancesSample"`
+	Docs              json.RawMessage `json:"docs"`
+	SchemaHash        string          `json:"schemaHash"`
+	LapVersion        *float64        `json:"lapVersion"`
+	Policy            json.RawMessage `json:"policy"`
+}
+
+var (
+	errMalformed = errors.New("pairing: malformed frame")
+	errUnknownT  = errors.New("pairing: unknown frame type")
+)
+
+// decodeFrame decodes and checks one inbound frame: errMalformed when it is
+// not a JSON object with the fields its t requires, errUnknownT for an
+// unknown t.
+func decodeFrame(b []byte) (inFrame, error) {
+	var f inFrame
+	if err := json.Unmarshal(b, &f); err != nil {
+		return f, errMalformed
+	}
+	switch f.T {
+	case "hello", "ping":
+	case "rpc-reply":
+		if f.ID == "" {
+			return f, errMalformed
+		}
+	case "rpc-error":
+		if f.ID == "" || f.Code == "" {
+			return f, errMalformed
+		}
+	case "state-update":
+		if f.ID == "" {
+			return f, errMalformed
+		}
+	case "log-append":
+		if !isObject(f.Entry) {
+			return f, errMalformed
+		}
+	case "confirm-resolved":
+		if f.ConfirmID == "" || (f.Outcome != "confirmed" && f.Outcome != "user-cancelled") {
+			return f, errMalformed
+		}
+	case "visibility":
+		if f.Visible == nil {
+			return f, errMalformed
+		}
+	case "":
+		return f, errMalformed
+	default:
+		return f, errUnknownT
+	}
+	return f, nil
+}
+
+func isObject(b json.RawMessage) bool {
+	b = bytes.TrimSpace(b)
+	return len(b) > 0 && b[0] == '{'
+}
+
+// detailString turns rpc-error's detail into text (a string as is, anything
+// else as its JSON).
+func detailString(d json.RawMessage) string {
+	if len(d) == 0 || string(d) == "null" {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(d, &s) == nil {
+		return s
+	}
+	return string(d)
+}
+
+// entryKind reads a log entry's kind without decoding the rest.
+func entryKind(e json.RawMessage) string {
+	var k struct {
+		Kind string `json:"kind"`
+	}
+	_ = json.Unmarshal(e, &k)
+	return k.Kind
+}
+
+// handle processes one inbound frame on the reader goroutine. b is only valid
+// during the call (pooled); everything kept is copied by json.Unmarshal.
+func (c *conn) handle(b []byte) {
+	r, s := c.r, c.s
+	f, err := decodeFrame(b)
+	switch {
+	case errors.Is(err, errUnknownT):
+		r.unknown.Add(1)
+		return
+	case err != nil:
+		r.malformed.Add(1)
+		return
+	}
+	hooks := r.hooks.Load()
+	switch f.T {
+	case "rpc-reply":
+		res := f.Result
+		if len(res) == 0 {
+			res = json.RawMessage("null")
+		}
+		if !s.retire(&s.calls, f.ID, callResult{data: res}) {
+			r.unknownReplies.Add(1)
+		}
+	case "rpc-error":
+		if !s.retire(&s.calls, f.ID, callResult{err: &RPCError{Code: f.Code, Detail: detailString(f.Detail)}}) {
+			r.unknownReplies.Add(1)
+		}
+	case "state-update":
+		st := f.StateAfter
+		if len(st) == 0 {
+			st = json.RawMessage("null")
+		}
+		if !s.retire(&s.watches, f.ID, callResult{data: st}) {
+			r.unknownReplies.Add(1)
+		}
+	case "log-append":
+		if len(f.Entry) <= MaxLogEntry {
+			s.mu.Lock()
+			if !s.dropped {
+				s.appendLogLocked(f.Entry, r.cfg.LogRing)
+			}
+			s.mu.Unlock()
+		}
+		if hooks.OnLogAppend != nil {
+			hooks.OnLogAppend(s.tid, f.Entry)
+		}
+	case "confirm-resolved":
+		if hooks.OnConfirmResolved != nil {
+			hooks.OnConfirmResolved(s.tid, ConfirmResolved{ConfirmID: f.ConfirmID, Outcome: f.Outcome, StateAfter: f.StateAfter})
+		}
+	case "visibility":
+		v := *f.Visible
+		s.mu.Lock()
+		s.visible = &v
+		s.mu.Unlock()
+	case "ping":
+		c.heartbeat()
+		_ = c.enqueue([]byte(`{"t":"pong","at":` + strconv.FormatInt(time.Now().UnixMilli(), 10) + `}`))
+	case "hello":
+		c.hello(f)
+	}
+}
+
+// hello caches the tab's hello, answers hello-ack and, the first time on this
+// socket, calls OnPaired.
+func (c *conn) hello(f inFrame) {
+	r, s := c.r, c.s
+	if f.LapVersion != nil && *f.LapVersion < MinClientVersion {
+		r.drop(s.tid, CloseVersionSkew, "lap version too old", "version-skew")
+		return
+	}
+	h := &Hello{AppName: f.AppName, AppVersion: f.AppVersion, MsgSchema: f.MsgSchema, StateSchema: f.StateSchema,
+		AffordancesSample: f.AffordancesSample, Docs: f.Docs, SchemaHash: f.SchemaHash, Policy: f.Policy}
+	if f.LapVersion != nil {
+		h.LapVersion = int(*f.LapVersion)
+	}
+	s.mu.Lock()
+	if s.cur == c {
+		s.hello = h
+		if f.Visible != nil {
+			v := *f.Visible
+			s.visible = &v
+		}
+	}
+	s.mu.Unlock()
+	ack := `{"t":"hello-ack","lapVersion":` + strconv.Itoa(LapVersion) + `,"minClientVersion":` + strconv.Itoa(MinClientVersion) +
+		`,"heartbeatMs":` + strconv.FormatInt(r.cfg.PingInterval.Milliseconds(), 10) + `}`
+	if c.enqueue([]byte(ack)) != nil {
+		return
+	}
+	c.mu.Lock()
+	first := !c.acked
+	c.acked = true
+	c.mu.Unlock()
+	if first {
+		if hooks := r.hooks.Load(); hooks.OnPaired != nil {
+			hooks.OnPaired(s.tid, c.repair)
+		}
+	}
+}
+
+// rpcFrame builds {t:'rpc', id, tool, args}; json.RawMessage args are
+// inserted as is ({} when empty).
+func rpcFrame(id, tool string, args any) ([]byte, error) {
+	var a []byte
+	switch v := args.(type) {
+	case json.RawMessage:
+		a = v
+	case nil:
+	default:
+		var err error
+		if a, err = json.Marshal(v); err != nil {
+			return nil, err
+		}
+	}
+	if len(bytes.TrimSpace(a)) == 0 {
+		a = []byte("{}")
+	}
+	toolJSON, err := json.Marshal(tool)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, 0, len(a)+len(toolJSON)+64)
+	b = append(b, `{"t":"rpc","id":"`...)
+	b = append(b, id...)
+	b = append(b, `","tool":`...)
+	b = append(b, toolJSON...)
+	b = append(b, `,"args":`...)
+	b = append(b, a...)
+	b = append(b, '}')
+	return b, nil
+}
+
+// marshalFrame turns a Push argument into bytes.
+func marshalFrame(frame any) ([]byte, error) {
+	switch v := frame.(type) {
+	case json.RawMessage:
+		return v, nil
+	case []byte:
+		return v, nil
+	}
+	return json.Marshal(frame)
+}
