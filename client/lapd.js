@@ -570,8 +570,19 @@ export function msgDetail(msg) {
 function tagOf(el) { return String(el.tagName || '').toLowerCase() }
 function attr(el, name) { return typeof el.getAttribute === 'function' ? el.getAttribute(name) : null }
 function kids(el) { return Array.from(el.children || []) }
+// Visible-ish text: skips script/style/template and the option labels of selects.
+function rawText(el, depth = 0) {
+  if (!el.childNodes || depth > 32) return String(el.textContent || '')
+  let out = ''
+  for (const n of Array.from(el.childNodes)) {
+    if (n.nodeType === 3) out += n.nodeValue
+    else if (n.nodeType === 1 && !TEXT_SKIP.has(tagOf(n))) out += ' ' + rawText(n, depth + 1)
+  }
+  return out
+}
+const TEXT_SKIP = new Set(['script', 'style', 'noscript', 'template', 'select'])
 function textOf(el) {
-  const t = String(el.textContent || '').replace(/\s+/g, ' ').trim()
+  const t = rawText(el).replace(/\s+/g, ' ').trim()
   return t.length > LIMITS.textChars ? t.slice(0, LIMITS.textChars) + '…' : t
 }
 function isHidden(el) {
@@ -731,6 +742,7 @@ export function createAgent(opts) {
   const confirms = new Map() // confirmId → entry
   const watches = new Map() // id → {path, last}
   let outbox = loadOutbox()
+  const answered = new Set() // confirmIds answered here (bounded): a late confirm-sync must not re-show them
   let ui = null
 
   // ── events ──
@@ -815,6 +827,10 @@ export function createAgent(opts) {
     return true
   }
   function sendOrQueue(frame) {
+    if (frame.t === 'confirm-resolved') {
+      answered.add(frame.confirmId)
+      if (answered.size > LIMITS.outbox) answered.delete(answered.values().next().value)
+    }
     if (send(frame)) return
     if (outbox.length >= LIMITS.outbox) outbox.shift()
     outbox.push(frame)
@@ -1268,7 +1284,7 @@ export function createAgent(opts) {
 
   function syncConfirms(pending) {
     if (!Array.isArray(pending)) return
-    const answered = new Set(outbox.filter((f) => f.t === 'confirm-resolved').map((f) => f.confirmId))
+    for (const f of outbox) if (f.t === 'confirm-resolved') answered.add(f.confirmId)
     let changed = false
     for (const p of pending.slice(0, LIMITS.pendingConfirms)) {
       if (!p || typeof p.confirmId !== 'string' || confirms.has(p.confirmId) || answered.has(p.confirmId)) continue

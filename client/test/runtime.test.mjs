@@ -251,6 +251,9 @@ test('confirm: propose, approve while down is queued and sent after reconnect', 
   assert.deepEqual(resolved.stateAfter.tasks, [])
   assert.equal(agent.status, 'pending-claude')
   assert.ok(seen.length >= 2)
+  // The server's confirm-sync may still list it (it raced the flushed answer): not shown again.
+  ws2.frame({ t: 'confirm-sync', pending: [{ confirmId: id, variant: 'clearAll', payload: {} }] })
+  assert.deepEqual(agent.pendingConfirms(), [])
   agent.destroy()
 })
 
