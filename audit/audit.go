@@ -1,6 +1,34 @@
 // Package audit records what happened in lapd, for the humans who own it.
 // Audit is not logging: every entry goes to every Sink, a failing Sink is
 // reported (log + counter) and never silently dropped, and tokens never appear.
+//
+// Build a Log from the sinks you want and hand it to the servers:
+//
+//	file, err := audit.OpenJSONLFile("/var/log/lapd/audit.jsonl") // append, 0600
+//	db, err := audit.NewSQLiteSink(sqlDB)                           // table audit_entries
+//	log := audit.New(audit.Config{
+//		Sinks:  []audit.Sink{audit.NewJSONLSink(os.Stdout), file, db},
+//		Logger: slog.Default(), // where sink failures are reported
+//	})
+//	defer log.Close() // closes every sink
+//
+//	log.Record(ctx, audit.Entry{TID: tid, UID: uid, Event: audit.EventMint,
+//		Detail: map[string]any{"origin": origin}})
+//
+// Record stamps At (Unix ms) when it is zero, copies Detail (replacing any
+// string that starts with "agt_" by "agt_…redacted" and cutting long strings
+// to MaxDetailString bytes), and writes to every sink. It never returns an
+// error: a sink failure is counted (Failures) and logged as one warning
+// naming the sink's type. A nil *Log discards everything.
+//
+// Every sink writes the wire shape of the reference, one entry per line for
+// JSONL:
+//
+//	{"at":1764000000000,"tid":"3f1c…","uid":null,"event":"mint","detail":{"origin":"https://app.example"}}
+//
+// The JSONL file sink and the SQLite sink are also a Querier: Query returns
+// the entries matching a Filter (tid, event, time window, newest N), which
+// is what `lapd audit` prints, one FormatText line each.
 package audit
 
 import (
