@@ -147,12 +147,24 @@ type args map[string]any
 func (d toolDef) parseArgs(req mcpgo.CallToolRequest) (args, *toolError) {
 	raw := req.GetArguments()
 	if raw == nil {
-		if r := req.GetRawArguments(); r != nil {
-			if _, ok := r.(map[string]any); !ok {
+		switch r := req.GetRawArguments().(type) {
+		case nil, map[string]any:
+		case json.RawMessage:
+			if t := bytes.TrimSpace(r); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
 				return nil, invalidArgs("arguments must be a JSON object")
 			}
+		default:
+			return nil, invalidArgs("arguments must be a JSON object")
 		}
 		raw = map[string]any{}
+	}
+	// Normalise through JSON so in-process callers (Go ints, structs) and wire
+	// callers (float64) look the same.
+	if b, err := json.Marshal(raw); err == nil {
+		var norm map[string]any
+		if json.Unmarshal(b, &norm) == nil && norm != nil {
+			raw = norm
+		}
 	}
 	allowed := map[string]bool{"session": true}
 	for _, p := range d.props {

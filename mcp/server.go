@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"log"
+	"slices"
 
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
 )
 
@@ -16,7 +18,18 @@ func NewServer(cfg Config) (*mcpserver.MCPServer, *Executor, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	order := map[string]int{}
+	for i, d := range e.defs {
+		order[d.name] = i
+	}
 	s := mcpserver.NewMCPServer(e.cfg.Name, e.cfg.Version,
+		// mcp-go lists tools by name; put them back in workflow order
+		// (connect_session first), which is also deterministic.
+		mcpserver.WithToolFilter(func(_ context.Context, ts []mcpgo.Tool) []mcpgo.Tool {
+			out := slices.Clone(ts)
+			slices.SortStableFunc(out, func(a, b mcpgo.Tool) int { return rank(order, a.Name) - rank(order, b.Name) })
+			return out
+		}),
 		mcpserver.WithToolCapabilities(false),
 		mcpserver.WithPromptCapabilities(false),
 		mcpserver.WithInstructions(Instructions),
@@ -54,4 +67,11 @@ type slogWriter struct{ e *Executor }
 func (w slogWriter) Write(p []byte) (int, error) {
 	w.e.log.Warn("mcp stdio: " + string(p))
 	return len(p), nil
+}
+
+func rank(order map[string]int, name string) int {
+	if i, ok := order[name]; ok {
+		return i
+	}
+	return len(order)
 }

@@ -311,7 +311,7 @@ func (d toolDef) mcpTool() mcpgo.Tool {
 	in = append(in, sessionProp)
 	out := append([]prop{}, d.out...)
 	out = append(out, errorOut)
-	return mcpgo.NewTool(d.name,
+	t := mcpgo.NewTool(d.name,
 		mcpgo.WithToolTitle(d.title),
 		mcpgo.WithDescription(d.desc),
 		mcpgo.WithRawInputSchema(schemaOf(in, d.required, true)),
@@ -322,6 +322,8 @@ func (d toolDef) mcpTool() mcpgo.Tool {
 		mcpgo.WithIdempotentHintAnnotation(d.idempotent),
 		mcpgo.WithOpenWorldHintAnnotation(d.openWorld),
 	)
+	t.InputSchema = mcpgo.ToolInputSchema{} // the raw schema is the one; mcp-go refuses both
+	return t
 }
 
 // Tools returns the catalogue for mode as mcp-go tools, in the fixed order
