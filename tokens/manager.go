@@ -18,7 +18,7 @@ const (
 	sweepInterval = time.Minute
 	// MaxResumeTIDs bounds how many tids one ResumeList call looks up; the
 	// rest are ignored.
-	MaxResumeTIDs = 64
+	MaxResumeTIDs = 100
 )
 
 // Config configures a Manager. Zero values mean the documented defaults.
