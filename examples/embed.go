@@ -13,6 +13,10 @@
 // The save route answers after SaveDelay so that send_message's "drained" wait
 // has a real asynchronous effect to wait for. examples/react and examples/vue
 // hold short, unbuilt snippets for wiring lapd.js into those frameworks.
+//
+// browser_test.go drives the page and lapd.js in headless Chromium through
+// github.com/chromedp/chromedp (a test-only dependency in go.mod) against a
+// minimal fake lapd server; it is skipped without Chromium unless CI=true.
 package examples
 
 import (

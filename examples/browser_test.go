@@ -1,0 +1,229 @@
+package examples_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/coder/websocket"
+
+	"github.com/lapd-dev/lapd/client"
+	"github.com/lapd-dev/lapd/examples"
+)
+
+// fakeLapd is the smallest server lapd.js can talk to: mint, revoke and a
+// WebSocket that hands every frame from the tab to the test. The real server
+// is tested elsewhere; this test checks the page and the client in a real
+// browser.
+type fakeLapd struct {
+	frames chan map[string]any
+	conns  chan *websocket.Conn
+}
+
+func (f *fakeLapd) routes(srvURL func() string) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/agent/client.js", client.Handler())
+	mux.Handle("/demo/save", examples.SaveHandler())
+	mux.Handle("/", examples.Handler())
+	mux.HandleFunc("POST /agent/mint", func(w http.ResponseWriter, r *http.Request) {
+		base := srvURL()
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"token": "agt_browsertest", "tid": "tid-1", "lapVersion": 2,
+			"wsUrl": "ws" + strings.TrimPrefix(base, "http") + "/agent/ws", "lapUrl": base + "/agent/lap/v1",
+			"expiresAt": time.Now().Add(time.Hour).UnixMilli(),
+		})
+	})
+	mux.HandleFunc("POST /agent/revoke", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(`{"status":"revoked"}`))
+	})
+	mux.HandleFunc("/agent/ws", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("token") != "agt_browsertest" {
+			http.Error(w, `{"error":{"code":"auth-failed"}}`, http.StatusUnauthorized)
+			return
+		}
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		f.conns <- c
+		for {
+			_, data, err := c.Read(r.Context())
+			if err != nil {
+				return
+			}
+			var m map[string]any
+			if json.Unmarshal(data, &m) == nil {
+				select {
+				case f.frames <- m:
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}
+	})
+	return mux
+}
+
+func TestTaskboardInBrowser(t *testing.T) {
+	browser := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			browser = p
+			break
+		}
+	}
+	if browser == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("chromium is required when CI=true")
+		}
+		t.Skip("no chromium")
+	}
+
+	f := &fakeLapd{frames: make(chan map[string]any, 256), conns: make(chan *websocket.Conn, 4)}
+	var srv *httptest.Server
+	srv = httptest.NewServer(f.routes(func() string { return srv.URL }))
+	defer srv.Close()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.Headless, chromedp.Flag("disable-gpu", true))...)
+	defer cancelAlloc()
+	bctx, cancelB := chromedp.NewContext(allocCtx)
+	defer cancelB()
+
+	evalStr := func(js string) string {
+		t.Helper()
+		v, err := chromedp.Run(bctx, chromedp.Evaluate[string](js))
+		if err != nil {
+			t.Fatalf("eval %s: %v", js, err)
+		}
+		return v
+	}
+	click := func(js string) {
+		t.Helper()
+		if _, err := chromedp.Run(bctx, chromedp.Evaluate[bool](js+`.click(), true`)); err != nil {
+			t.Fatalf("click %s: %v", js, err)
+		}
+	}
+	waitJS := func(js string) {
+		t.Helper()
+		if _, err := chromedp.Run(bctx, chromedp.Poll[bool](js, chromedp.WithPollingTimeout(10*time.Second))); err != nil {
+			t.Fatalf("waiting for %s: %v", js, err)
+		}
+	}
+	next := func(typ string) map[string]any {
+		t.Helper()
+		for {
+			select {
+			case m := <-f.frames:
+				if m["t"] == typ {
+					return m
+				}
+			case <-ctx.Done():
+				t.Fatalf("no %s frame", typ)
+			}
+		}
+	}
+	const panel = `document.querySelector('[data-lapd-panel]').shadowRoot`
+
+	if _, err := chromedp.Run(bctx, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(`window.__lapd && window.__lapd.status === 'idle' && !!` + panel + `.querySelector('[data-testid=connect]')`)
+	click(panel + `.querySelector('[data-testid=connect]')`)
+
+	conn := <-f.conns
+	defer conn.CloseNow()
+	hello := next("hello")
+	if hello["appName"] != "taskboard" || hello["lapVersion"] != float64(2) {
+		t.Fatalf("hello: %v", hello)
+	}
+	policy := hello["policy"].(map[string]any)["variants"].(map[string]any)
+	if reset := policy["resetDemo"].(map[string]any); reset["humanOnly"] != true {
+		t.Fatalf("policy resetDemo: %v", reset)
+	}
+	waitJS(`!!` + panel + `.querySelector('[data-testid=connect-line]')`)
+	line := evalStr(panel + `.querySelector('[data-testid=connect-line]').textContent`)
+	if want := "Connect to my app with lapd: connect_session url=" + srv.URL + "/agent/lap/v1 token=agt_browsertest"; line != want {
+		t.Fatalf("connect line %q, want %q", line, want)
+	}
+
+	send := func(frame string) {
+		t.Helper()
+		if err := conn.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(`{"t":"hello-ack","lapVersion":2,"minClientVersion":2,"heartbeatMs":15000}`)
+	send(`{"t":"active"}`)
+	waitJS(`window.__lapd.status === 'active'`)
+
+	reply := func(id string) map[string]any {
+		t.Helper()
+		for {
+			m := next("rpc-reply")
+			if m["id"] == id {
+				return m["result"].(map[string]any)
+			}
+		}
+	}
+
+	// An async action: the reply waits for the 150 ms save to land.
+	send(`{"t":"rpc","id":"r1","tool":"send_message","args":{"msg":{"type":"save"}}}`)
+	res := reply("r1")
+	drain := res["drain"].(map[string]any)
+	diff, _ := json.Marshal(res["stateDiff"])
+	if res["status"] != "dispatched" || drain["timedOut"] != false || !strings.Contains(string(diff), `"/savedAt"`) || !strings.Contains(string(diff), `"/dirty"`) {
+		t.Fatalf("save: %v", res)
+	}
+	if d := drain["durationMs"].(float64); d < float64(examples.SaveDelay.Milliseconds()) {
+		t.Fatalf("drain took %v ms, shorter than the save", d)
+	}
+
+	// Human-only stays with humans.
+	send(`{"t":"rpc","id":"r2","tool":"send_message","args":{"msg":{"type":"resetDemo"}}}`)
+	if res := reply("r2"); res["reason"] != "human-only" {
+		t.Fatalf("resetDemo: %v", res)
+	}
+
+	// requiresConfirm: the panel shows Approve; clicking it runs the action and answers.
+	send(`{"t":"rpc","id":"r3","tool":"send_message","args":{"msg":{"type":"clearAll"},"reason":"test"}}`)
+	res = reply("r3")
+	confirmID, _ := res["confirmId"].(string)
+	if res["status"] != "pending-confirmation" || confirmID == "" {
+		t.Fatalf("clearAll: %v", res)
+	}
+	approve := panel + `.querySelector('[data-testid="approve-` + confirmID + `"]')`
+	waitJS(`!!` + approve)
+	click(approve)
+	resolved := next("confirm-resolved")
+	if resolved["confirmId"] != confirmID || resolved["outcome"] != "confirmed" {
+		t.Fatalf("confirm-resolved: %v", resolved)
+	}
+	if tasks := resolved["stateAfter"].(map[string]any)["tasks"].([]any); len(tasks) != 0 {
+		t.Fatalf("tasks after clearAll: %v", tasks)
+	}
+
+	send(`{"t":"rpc","id":"r4","tool":"describe_visible_content","args":{}}`)
+	res = reply("r4")
+	out, _ := json.Marshal(res["outline"])
+	if res["source"] != "data-agent" || !strings.Contains(string(out), `"name":"board"`) || !strings.Contains(string(out), `"actionVariant":"save"`) {
+		t.Fatalf("describe_visible_content: %s %v", out, res["source"])
+	}
+	feed := evalStr(panel + `.querySelector('[data-testid=feed]').textContent`)
+	if !strings.Contains(feed, "Save") || !strings.Contains(feed, "human-only") {
+		t.Fatalf("feed: %q", feed)
+	}
+
+	// Revoked by the server: no reconnect, session forgotten.
+	conn.Close(4001, "revoked")
+	waitJS(`window.__lapd.status === 'idle' && sessionStorage.getItem('lapd:session') === null`)
+}
