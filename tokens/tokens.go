@@ -9,7 +9,31 @@
 //	any → revoked (terminal)
 //
 // Manager implements the transitions over a Store (SQLite by default, or
-// memory); it knows nothing about HTTP or WebSocket.
+// memory); it knows nothing about HTTP or WebSocket. The HTTP and WebSocket
+// layers call it like this:
+//
+//	store, err := tokens.OpenSQLite("lapd-data/lapd.db") // or tokens.NewMemoryStore()
+//	m, err := tokens.NewManager(tokens.Config{Store: store}) // 24h TTL, 60s grace
+//
+//	token, rec, err := m.Mint(ctx, uid, origin, "")  // POST /agent/mint: show token once
+//	rec, repair, err := m.Accept(ctx, token)          // before the WebSocket upgrade
+//	rec, err = m.Verify(ctx, token)                   // every LAP call: 401/403 on error
+//	rec, changed, err := m.Activate(ctx, rec.TID)     // first LAP call: push {t:'active'}
+//	rec, err = m.Disconnected(ctx, rec.TID)           // socket closed: grace starts
+//	token, rec, err = m.Claim(ctx, tid, uid, origin)  // POST /agent/resume/claim: new token
+//	rec, err = m.Revoke(ctx, tid, uid)                // POST /agent/revoke
+//
+// A grace window is half-open: a pending-resume record can be re-paired,
+// listed and claimed while now < PendingResumeUntil. Verify keeps answering
+// ErrRevoked for a revoked token (its hash stays indexed) until the record is
+// swept, which Mint does at most once a minute for records whose
+// ExpiresAt+Retention has passed.
+//
+// Stores: MemoryStore (lost on restart) and SQLiteStore (modernc.org/sqlite,
+// pure Go; table "tokens", schema version in PRAGMA user_version; it can
+// share one database with the confirm and audit tables via
+// NewSQLiteStoreDB). Every Store implementation must pass
+// tokens/storetest.Run.
 package tokens
 
 import (
