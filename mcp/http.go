@@ -287,7 +287,10 @@ type sessionTable struct {
 }
 
 func (t *sessionTable) ResolveSessionIdManager(r *http.Request) mcpserver.SessionIdManager {
-	rv, _ := r.Context().Value(reservationKey{}).(*reservation)
+	var rv *reservation
+	if r != nil { // mcp-go passes nil outside a request (Shutdown)
+		rv, _ = r.Context().Value(reservationKey{}).(*reservation)
+	}
 	return &tableManager{t: t, rv: rv}
 }
 

@@ -1,0 +1,278 @@
+package mcp
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/lapd-dev/lapd/audit"
+)
+
+type auditRec struct {
+	mu sync.Mutex
+	es []audit.Entry
+}
+
+func (a *auditRec) Record(_ context.Context, e audit.Entry) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.es = append(a.es, e)
+}
+
+func (a *auditRec) has(event, key, val string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, e := range a.es {
+		if e.Event == event && e.Detail[key] == val {
+			return true
+		}
+	}
+	return false
+}
+
+type httpHarness struct {
+	t     *testing.T
+	lap   *fakeLAP
+	h     *HTTPHandler
+	srv   *httptest.Server
+	audit *auditRec
+}
+
+func newHTTPHarness(t *testing.T, mutate func(*HTTPConfig)) *httpHarness {
+	t.Helper()
+	hh := &httpHarness{t: t, lap: newFakeLAP(), audit: &auditRec{}}
+	cfg := HTTPConfig{Config: Config{Client: hh.lap}, Audit: hh.audit}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	h, err := NewHTTPHandler(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hh.h = h
+	hh.srv = httptest.NewServer(h)
+	t.Cleanup(func() {
+		_ = h.Close(context.Background())
+		hh.srv.Close()
+	})
+	return hh
+}
+
+// client starts a real Streamable HTTP client; legacy pins 2025-11-25.
+func (hh *httpHarness) client(legacy bool) *client.Client {
+	hh.t.Helper()
+	tr, err := transport.NewStreamableHTTP(hh.srv.URL)
+	if err != nil {
+		hh.t.Fatal(err)
+	}
+	var opts []client.ClientOption
+	if legacy {
+		opts = append(opts, client.WithProtocolVersion(mcpgo.ProtocolVersion20251125))
+	}
+	c := client.NewClient(tr, opts...)
+	ctx := context.Background()
+	if err := c.Start(ctx); err != nil {
+		hh.t.Fatal(err)
+	}
+	hh.t.Cleanup(func() { _ = c.Close() })
+	init := mcpgo.InitializeRequest{}
+	init.Params.ProtocolVersion = mcpgo.LATEST_PROTOCOL_VERSION
+	if legacy {
+		init.Params.ProtocolVersion = mcpgo.ProtocolVersion20251125
+	}
+	init.Params.ClientInfo = mcpgo.Implementation{Name: "test", Version: "1"}
+	if _, err := c.Initialize(ctx, init); err != nil {
+		hh.t.Fatal(err)
+	}
+	return c
+}
+
+func (hh *httpHarness) raw(method, sessionID, body string, hdr map[string]string) *http.Response {
+	hh.t.Helper()
+	req, _ := http.NewRequest(method, hh.srv.URL, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("MCP-Protocol-Version", mcpgo.ProtocolVersion20251125)
+	if sessionID != "" {
+		req.Header.Set("Mcp-Session-Id", sessionID)
+	}
+	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		hh.t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+const initBody = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
+const listBody = `{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{}}`
+
+func TestHTTPBothEras(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, nil)
+
+	modern := hh.client(false)
+	if modern.GetSessionId() != "" || !mcpgo.IsModernProtocol(modern.ProtocolVersion()) {
+		t.Fatalf("modern client: session %q version %q", modern.GetSessionId(), modern.ProtocolVersion())
+	}
+	out := callOn(t, modern, "connect_session", map[string]any{"token": tokA}, nil)
+	if out.IsError {
+		t.Fatal(out.Text)
+	}
+	handle := out.SC["session"].(string)
+	if c := hh.lap.callsTo("/observe")[0]; c.Base != "" || c.Token != tokA {
+		t.Fatalf("endpoint mode call %+v", c)
+	}
+	// A modern client has no MCP session: no default, the handle is the capability.
+	wantError(t, callOn(t, modern, "observe", nil, nil), CodeSessionRequired, "handle")
+	if out := callOn(t, modern, "observe", map[string]any{"session": handle}, nil); out.IsError {
+		t.Fatal(out.Text)
+	}
+
+	legacy := hh.client(true)
+	if legacy.GetSessionId() == "" || legacy.ProtocolVersion() != mcpgo.ProtocolVersion20251125 {
+		t.Fatalf("legacy client: session %q version %q", legacy.GetSessionId(), legacy.ProtocolVersion())
+	}
+	wantError(t, callOn(t, legacy, "observe", nil, nil), CodeUnbound)
+	if out := callOn(t, legacy, "connect_session", map[string]any{"line": "paste: " + tokB}, nil); out.IsError {
+		t.Fatal(out.Text)
+	}
+	if out := callOn(t, legacy, "observe", nil, nil); out.IsError {
+		t.Fatalf("legacy default binding: %s", out.Text)
+	}
+	res, err := legacy.ListTools(context.Background(), mcpgo.ListToolsRequest{})
+	if err != nil || len(res.Tools) != 16 || res.Tools[0].Name != "connect_session" {
+		t.Fatalf("list over HTTP: %v", err)
+	}
+}
+
+func TestHTTPDeleteThen404(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, nil)
+	c := hh.client(true)
+	id := c.GetSessionId()
+	if out := callOn(t, c, "connect_session", map[string]any{"token": tokA}, nil); out.IsError {
+		t.Fatal(out.Text)
+	}
+	if hh.h.Executor().Bindings().Len() != 1 {
+		t.Fatal("no binding")
+	}
+	if r := hh.raw(http.MethodDelete, id, "", nil); r.StatusCode != http.StatusOK {
+		t.Fatalf("DELETE: %d", r.StatusCode)
+	}
+	if r := hh.raw(http.MethodPost, id, listBody, nil); r.StatusCode != http.StatusNotFound {
+		t.Fatalf("after DELETE: %d", r.StatusCode)
+	}
+	if n := hh.h.Executor().Bindings().Len(); n != 0 {
+		t.Fatalf("%d bindings survive the session", n)
+	}
+	if r := hh.raw(http.MethodGet, "", "", nil); r.StatusCode != http.StatusBadRequest {
+		t.Fatalf("GET without session: %d", r.StatusCode)
+	}
+}
+
+func TestHTTPCapacity(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, func(c *HTTPConfig) { c.MaxSessions = 2; c.MaxUnauthenticatedSessions = 16 })
+	for i := 0; i < 2; i++ {
+		if r := hh.raw(http.MethodPost, "", initBody, nil); r.StatusCode != http.StatusOK {
+			t.Fatalf("init %d: %d", i, r.StatusCode)
+		}
+	}
+	r := hh.raw(http.MethodPost, "", initBody, nil)
+	if r.StatusCode != http.StatusServiceUnavailable || r.Header.Get("Retry-After") != "30" {
+		t.Fatalf("third init: %d %q", r.StatusCode, r.Header.Get("Retry-After"))
+	}
+	if !hh.audit.has(audit.EventRateLimited, "reason", "session-capacity") {
+		t.Fatal("capacity refusal not audited")
+	}
+}
+
+func TestHTTPUnauthenticatedEvictedLRU(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, func(c *HTTPConfig) { c.MaxUnauthenticatedSessions = 2 })
+	var ids []string
+	for i := 0; i < 3; i++ {
+		r := hh.raw(http.MethodPost, "", initBody, nil)
+		if r.StatusCode != http.StatusOK {
+			t.Fatalf("init %d: %d", i, r.StatusCode)
+		}
+		ids = append(ids, r.Header.Get("Mcp-Session-Id"))
+	}
+	if r := hh.raw(http.MethodPost, ids[0], listBody, nil); r.StatusCode != http.StatusNotFound {
+		t.Fatalf("evicted session answered %d", r.StatusCode)
+	}
+	if r := hh.raw(http.MethodPost, ids[2], listBody, nil); r.StatusCode != http.StatusOK {
+		t.Fatalf("newest session answered %d", r.StatusCode)
+	}
+}
+
+func TestHTTPPerTokenCap(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, func(c *HTTPConfig) { c.MaxSessionsPerToken = 2 })
+	var cs []*client.Client
+	for i := 0; i < 3; i++ {
+		c := hh.client(true)
+		if out := callOn(t, c, "connect_session", map[string]any{"token": tokA}, nil); out.IsError {
+			t.Fatal(out.Text)
+		}
+		cs = append(cs, c)
+	}
+	if n := hh.h.Sessions(); n != 2 {
+		t.Fatalf("%d sessions, want 2", n)
+	}
+	if r := hh.raw(http.MethodPost, cs[0].GetSessionId(), listBody, nil); r.StatusCode != http.StatusNotFound {
+		t.Fatalf("oldest session of the token answered %d", r.StatusCode)
+	}
+	if out := callOn(t, cs[2], "observe", nil, nil); out.IsError {
+		t.Fatal(out.Text)
+	}
+}
+
+func TestHTTPOrigin(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, func(c *HTTPConfig) { c.AllowedOrigins = []string{"https://app.example"} })
+	if r := hh.raw(http.MethodPost, "", initBody, map[string]string{"Origin": "https://evil.example"}); r.StatusCode != http.StatusForbidden {
+		t.Fatalf("bad origin: %d", r.StatusCode)
+	}
+	if !hh.audit.has(audit.EventRefused, "code", "forbidden-origin") {
+		t.Fatal("origin refusal not audited")
+	}
+	if r := hh.raw(http.MethodPost, "", initBody, map[string]string{"Origin": "https://app.example"}); r.StatusCode != http.StatusOK {
+		t.Fatalf("allowed origin: %d", r.StatusCode)
+	}
+	if r := hh.raw(http.MethodPost, "", initBody, map[string]string{"Host": "evil.example"}); r.StatusCode == http.StatusOK {
+		t.Fatal("DNS rebinding protection is off")
+	}
+}
+
+func TestHTTPCreateRateLimit(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, func(c *HTTPConfig) { c.CreateRate = 0.001; c.CreateBurst = 1 })
+	if r := hh.raw(http.MethodPost, "", initBody, nil); r.StatusCode != http.StatusOK {
+		t.Fatalf("first: %d", r.StatusCode)
+	}
+	r := hh.raw(http.MethodPost, "", initBody, nil)
+	if r.StatusCode != http.StatusTooManyRequests || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("second: %d", r.StatusCode)
+	}
+	if !hh.audit.has(audit.EventRateLimited, "reason", "session-create") {
+		t.Fatal("rate limit not audited")
+	}
+}
