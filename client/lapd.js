@@ -1402,6 +1402,8 @@ li { padding: 4px 6px; border-radius: 6px; background: #f6f8fa; }
 li.blocked, li.error, li.rejected { background: #ffebe9; }
 li.dispatched, li.confirmed { background: #dafbe1; }
 li.narrate { background: #ddf4ff; }
+summary { cursor: pointer; }
+details[open] summary { margin-bottom: 6px; }
 h3 { margin: 0; font-size: 12px; text-transform: uppercase; letter-spacing: .04em; color: #59636e; }
 `
 
@@ -1446,7 +1448,7 @@ function createPanel(agent, doc, container) {
     if (agent.error && s === 'error') parts.push(el('div', { class: 'err', text: agent.error.detail || agent.error.code }))
     if (agent.message && s !== 'active') parts.push(el('div', { class: 'muted', text: agent.message }))
     if (s === 'idle' || s === 'error' || s === 'failed') {
-      parts.push(el('button', { class: 'primary', testid: 'connect', onclick: () => agent.connect(), text: s === 'idle' ? 'Connect an AI' : 'Try again' }))
+      parts.push(el('button', { class: 'primary', testid: 'connect', onclick: () => agent.connect(), text: s === 'idle' ? 'Connect an AI' : 'Connect again' }))
     }
     const line = agent.connectLine
     if (line && (s === 'pending-claude' || s === 'active' || s === 'reconnecting')) {
@@ -1455,8 +1457,9 @@ function createPanel(agent, doc, container) {
         try { await doc.defaultView.navigator.clipboard.writeText(line); copied = true } catch { copied = false }
         render()
       })
-      parts.push(el('div', { class: 'muted', text: s === 'pending-claude' ? 'Paste this into your AI chat:' : 'Connect line:' }))
-      parts.push(el('div', { class: 'line' }, el('code', { testid: 'connect-line', text: line }), copy))
+      const row = el('div', { class: 'line' }, el('code', { testid: 'connect-line', text: line }), copy)
+      if (s === 'pending-claude') parts.push(el('div', { class: 'muted', text: 'Paste this into your AI chat:' }), row)
+      else parts.push(el('details', {}, el('summary', { class: 'muted', text: 'Connect line' }), row))
     }
     const pend = agent.pendingConfirms()
     if (pend.length) {
@@ -1465,7 +1468,7 @@ function createPanel(agent, doc, container) {
         parts.push(el('div', { class: 'card', role: 'group', 'aria-label': `Approve ${c.intent}?` },
           el('strong', { text: c.intent || c.variant }),
           c.reason ? el('div', { text: `Reason: ${c.reason}` }) : null,
-          el('pre', { text: JSON.stringify(c.payload ?? {}, null, 2) }),
+          c.payload && Object.keys(c.payload).length ? el('pre', { text: JSON.stringify(c.payload, null, 2) }) : null,
           el('div', { class: 'row' },
             el('button', { class: 'primary', testid: `approve-${c.id}`, onclick: () => agent.approve(c.id), text: 'Approve' }),
             el('button', { class: 'danger', testid: `reject-${c.id}`, onclick: () => agent.reject(c.id), text: 'Reject' }))))
@@ -1484,7 +1487,7 @@ function createPanel(agent, doc, container) {
       feed.append(el('li', { class: e.kind, text }))
     }
     parts.push(feed)
-    if (s !== 'idle' && s !== 'minting') parts.push(el('button', { class: 'danger', testid: 'disconnect', onclick: () => agent.disconnect(), text: 'Disconnect' }))
+    if (agent.session && s !== 'idle' && s !== 'minting') parts.push(el('button', { class: 'danger', testid: 'disconnect', onclick: () => agent.disconnect(), text: 'Disconnect' }))
     const focusedId = root.activeElement && root.activeElement.getAttribute && root.activeElement.getAttribute('data-testid')
     body.replaceChildren(...parts)
     if (focusedId) { const f = body.querySelector(`[data-testid="${focusedId}"]`); if (f) f.focus() }

@@ -7,7 +7,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,8 +25,11 @@ import (
 // is tested elsewhere; this test checks the page and the client in a real
 // browser.
 type fakeLapd struct {
-	frames chan map[string]any
-	conns  chan *websocket.Conn
+	frames  chan map[string]any
+	conns   chan *websocket.Conn
+	mints   atomic.Int32
+	wsTries atomic.Int32
+	probes  atomic.Int32
 }
 
 func (f *fakeLapd) routes(srvURL func() string) http.Handler {
@@ -33,6 +38,7 @@ func (f *fakeLapd) routes(srvURL func() string) http.Handler {
 	mux.Handle("/demo/save", examples.SaveHandler())
 	mux.Handle("/", examples.Handler())
 	mux.HandleFunc("POST /agent/mint", func(w http.ResponseWriter, r *http.Request) {
+		f.mints.Add(1)
 		base := srvURL()
 		_ = json.NewEncoder(w).Encode(map[string]any{
 			"token": "agt_browsertest", "tid": "tid-1", "lapVersion": 2,
@@ -43,7 +49,19 @@ func (f *fakeLapd) routes(srvURL func() string) http.Handler {
 	mux.HandleFunc("POST /agent/revoke", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"status":"revoked"}`))
 	})
+	mux.HandleFunc("POST /agent/lap/v1/describe", func(w http.ResponseWriter, r *http.Request) {
+		f.probes.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		if r.Header.Get("Authorization") != "Bearer agt_browsertest" {
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = w.Write([]byte(`{"error":{"code":"auth-failed"}}`))
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":{"code":"paused","reconnect":"pending"}}`))
+	})
 	mux.HandleFunc("/agent/ws", func(w http.ResponseWriter, r *http.Request) {
+		f.wsTries.Add(1)
 		if r.URL.Query().Get("token") != "agt_browsertest" {
 			http.Error(w, `{"error":{"code":"auth-failed"}}`, http.StatusUnauthorized)
 			return
@@ -117,6 +135,14 @@ func TestTaskboardInBrowser(t *testing.T) {
 		t.Helper()
 		if _, err := chromedp.Run(bctx, chromedp.Poll[bool](js, chromedp.WithPollingTimeout(10*time.Second))); err != nil {
 			t.Fatalf("waiting for %s: %v", js, err)
+		}
+	}
+	// LAPD_SCREENSHOT_DIR=/tmp/x go test -run Browser ./examples saves PNGs of the page.
+	shot := func(name string) {
+		if dir := os.Getenv("LAPD_SCREENSHOT_DIR"); dir != "" {
+			if png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100)); err == nil {
+				_ = os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644)
+			}
 		}
 	}
 	next := func(typ string) map[string]any {
@@ -203,6 +229,7 @@ func TestTaskboardInBrowser(t *testing.T) {
 	}
 	approve := panel + `.querySelector('[data-testid="approve-` + confirmID + `"]')`
 	waitJS(`!!` + approve)
+	shot("approval")
 	click(approve)
 	resolved := next("confirm-resolved")
 	if resolved["confirmId"] != confirmID || resolved["outcome"] != "confirmed" {
@@ -223,7 +250,43 @@ func TestTaskboardInBrowser(t *testing.T) {
 		t.Fatalf("feed: %q", feed)
 	}
 
+	// A reload restores the session from sessionStorage: same token, no new mint.
+	if _, err := chromedp.Run(bctx, chromedp.Reload()); err != nil {
+		t.Fatal(err)
+	}
+	conn2 := <-f.conns
+	defer conn2.CloseNow()
+	conn = conn2
+	if h := next("hello"); h["appName"] != "taskboard" {
+		t.Fatalf("hello after reload: %v", h)
+	}
+	if n := f.mints.Load(); n != 1 {
+		t.Fatalf("%d mints, want 1 (reload must not mint)", n)
+	}
+	send(`{"t":"active"}`)
+	waitJS(`window.__lapd.status === 'active'`)
+
 	// Revoked by the server: no reconnect, session forgotten.
 	conn.Close(4001, "revoked")
 	waitJS(`window.__lapd.status === 'idle' && sessionStorage.getItem('lapd:session') === null`)
+
+	// A token the server refuses before the upgrade: the browser only sees a
+	// close without open; the client probes, gets 401 and stops at once.
+	tries := f.wsTries.Load()
+	evalStr(`sessionStorage.setItem('lapd:session', JSON.stringify({token: 'agt_bad', tid: 'x', lapUrl: '` + srv.URL + `/agent/lap/v1', wsUrl: 'ws` + strings.TrimPrefix(srv.URL, "http") + `/agent/ws', expiresAt: Date.now() + 60000})), 'ok'`)
+	if _, err := chromedp.Run(bctx, chromedp.Reload()); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(`window.__lapd && window.__lapd.status === 'error' && window.__lapd.error.code === 'auth-failed' && sessionStorage.getItem('lapd:session') === null`)
+	if got := f.wsTries.Load() - tries; got != 1 {
+		t.Fatalf("%d socket attempts with a refused token, want 1", got)
+	}
+	if f.probes.Load() != 1 {
+		t.Fatalf("%d probes, want 1", f.probes.Load())
+	}
+	status := evalStr(panel + `.querySelector('[data-testid=status]').textContent`)
+	if !strings.Contains(status, "auth-failed") {
+		t.Fatalf("panel status %q", status)
+	}
+	shot("error")
 }
