@@ -1384,6 +1384,7 @@ const PANEL_CSS = `
 .dot { width: 10px; height: 10px; border-radius: 50%; flex: none; }
 .t { font-weight: 600; flex: 1; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 .b { padding: 10px; overflow: auto; display: flex; flex-direction: column; gap: 8px; }
+.b > * { flex-shrink: 0; }
 .collapsed .b { display: none; }
 button { font: inherit; border: 1px solid #d0d7de; background: #f6f8fa; color: inherit; border-radius: 6px; padding: 4px 10px; cursor: pointer; }
 button:hover { background: #eef1f4; }
