@@ -1,10 +1,12 @@
 package pairing
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -33,6 +35,7 @@ type conn struct {
 	r      *Registry
 	s      *session
 	ws     *websocket.Conn
+	nc     net.Conn // the hijacked connection, to bound a close handshake
 	repair bool
 
 	mu       sync.Mutex
@@ -46,6 +49,21 @@ type conn struct {
 	pinged   bool // a ping is outstanding
 	ponged   bool // it was answered
 	missed   int  // consecutive unanswered pings
+}
+
+// closeGrace bounds a server-initiated close handshake.
+const closeGrace = time.Second
+
+// hijackRecorder keeps the net.Conn that websocket.Accept hijacks.
+type hijackRecorder struct {
+	http.ResponseWriter
+	nc net.Conn
+}
+
+func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	nc, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
+	h.nc = nc
+	return nc, brw, err
 }
 
 // refuse writes the JSON error envelope and audits the refusal.
@@ -179,7 +197,8 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 
 	c := &conn{r: r, repair: repair}
-	ws, err := websocket.Accept(w, req, &websocket.AcceptOptions{
+	hr := &hijackRecorder{ResponseWriter: w}
+	ws, err := websocket.Accept(hr, req, &websocket.AcceptOptions{
 		Subprotocols: []string{Subprotocol},
 		// The Origin check was done above (allowlist or same-origin, with
 		// X-Forwarded-* support), so the library's own check is skipped.
@@ -194,7 +213,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	ws.SetReadLimit(r.cfg.MaxFrame)
-	c.ws = ws
+	c.ws, c.nc = ws, hr.nc
 	if !r.register(rec.TID, c) {
 		ws.Close(CloseRestart, "server restarting")
 		return
@@ -386,13 +405,21 @@ func (c *conn) close(code int, reason string) {
 		defer c.r.wg.Done()
 		// Frames queued before the close (e.g. {t:'revoked'}) go out first,
 		// unless the writer is stuck.
-		ctx, cancel := context.WithTimeout(context.Background(), c.r.cfg.WriteTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), closeGrace)
+		if code == CloseQueueOverflow {
+			pending = nil
+		}
 		for _, b := range pending {
 			if c.ws.Write(ctx, websocket.MessageText, b) != nil {
 				break
 			}
 		}
 		cancel()
+		// A tab that stopped reading never answers the close frame: bound
+		// the handshake instead of the library's 5s+5s.
+		if c.nc != nil {
+			_ = c.nc.SetDeadline(time.Now().Add(closeGrace))
+		}
 		c.ws.Close(websocket.StatusCode(code), reason)
 	}()
 }
