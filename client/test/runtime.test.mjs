@@ -384,3 +384,44 @@ test('heartbeat: two missed pongs drop the socket and reconnect', async () => {
     mock.timers.reset()
   }
 })
+
+test('visibility: hello carries it, changes send a visibility frame', async () => {
+  const handlers = {}
+  const document = { visibilityState: 'hidden', addEventListener: (n, fn) => { handlers[n] = fn }, removeEventListener: (n) => { delete handlers[n] } }
+  const { agent, ws } = await connected({ document })
+  assert.equal(ws.frames('hello')[0].visible, false)
+  document.visibilityState = 'visible'
+  handlers.visibilitychange()
+  assert.deepEqual(ws.frames('visibility'), [{ t: 'visibility', visible: true }])
+  agent.destroy()
+  assert.equal(handlers.visibilitychange, undefined, 'destroy removes the listener')
+})
+
+test('would_dispatch with a pure reducer predicts without committing', async () => {
+  const reducer = (s, msg) => {
+    if (msg.type === 'addTask') return { ...s, tasks: [...s.tasks, { title: msg.title }] }
+    if (msg.type === 'save') throw new Error('not pure')
+    return s
+  }
+  const { agent, ws, store } = await connected({ reducer })
+  let r = await rpc(ws, 'would_dispatch', { msg: { type: 'addTask', title: 'x' } })
+  assert.deepEqual(r.reply.result, { status: 'predicted', stateDiff: [{ op: 'add', path: '/tasks/0', value: { title: 'x' } }], effects: [] })
+  assert.deepEqual(store.get().tasks, [], 'nothing committed')
+  r = await rpc(ws, 'would_dispatch', { msg: { type: 'save' } })
+  assert.equal(r.reply.result.status, 'reducer-threw')
+  assert.equal(r.reply.result.message, 'not pure')
+  r = await rpc(ws, 'would_dispatch', { msg: { type: 'addTask', title: '' } })
+  assert.equal(r.reply.result.reason, 'schema-mismatch')
+  assert.equal(r.reply.result.errors[0].path, '/title')
+  agent.destroy()
+})
+
+test('a malformed rpc frame gets schema-error; non-JSON frames are ignored', async () => {
+  const { agent, ws } = await connected()
+  ws.frame({ t: 'rpc', id: 'm1' })
+  assert.deepEqual(ws.sent.at(-1), { t: 'rpc-error', id: 'm1', code: 'schema-error', detail: 'rpc frame needs id and tool' })
+  ws.onmessage({ data: 'not json' })
+  ws.frame({ nope: 1 })
+  assert.equal(agent.status, 'pending-claude')
+  agent.destroy()
+})
