@@ -114,7 +114,7 @@ func (r *recordingAfter) got() []time.Duration {
 }
 
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	lap   *fakeLAP
 	after *recordingAfter
 	exec  *Executor
@@ -122,7 +122,7 @@ type harness struct {
 }
 
 // newHarness starts a real mcp-go in-process client against NewServer.
-func newHarness(t *testing.T, mutate func(*Config), opts ...client.ClientOption) *harness {
+func newHarness(t testing.TB, mutate func(*Config), opts ...client.ClientOption) *harness {
 	t.Helper()
 	h := &harness{t: t, lap: newFakeLAP(), after: &recordingAfter{}}
 	cfg := Config{Client: h.lap, After: h.after.After}
@@ -159,7 +159,7 @@ type toolOut struct {
 	SC      map[string]any
 }
 
-func callOn(t *testing.T, c *client.Client, name string, a map[string]any, meta *mcpgo.Meta) toolOut {
+func callOn(t testing.TB, c *client.Client, name string, a map[string]any, meta *mcpgo.Meta) toolOut {
 	t.Helper()
 	req := mcpgo.CallToolRequest{}
 	req.Params.Name = name

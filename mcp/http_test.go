@@ -39,14 +39,14 @@ func (a *auditRec) has(event, key, val string) bool {
 }
 
 type httpHarness struct {
-	t     *testing.T
+	t     testing.TB
 	lap   *fakeLAP
 	h     *HTTPHandler
 	srv   *httptest.Server
 	audit *auditRec
 }
 
-func newHTTPHarness(t *testing.T, mutate func(*HTTPConfig)) *httpHarness {
+func newHTTPHarness(t testing.TB, mutate func(*HTTPConfig)) *httpHarness {
 	t.Helper()
 	hh := &httpHarness{t: t, lap: newFakeLAP(), audit: &auditRec{}}
 	cfg := HTTPConfig{Config: Config{Client: hh.lap}, Audit: hh.audit}

@@ -1,0 +1,78 @@
+// Package mcp is lapd's MCP face: the 16-tool catalogue of LAP v2
+// (connect_session, observe, send_message, …) and an executor that runs it
+// over a lap.Client, served over stdio (`lapd mcp`) or Streamable HTTP
+// (/agent/mcp). It reaches lapd only through lap.Client.
+//
+// # Serving
+//
+// The stdio bridge talks to a remote lapd over HTTP:
+//
+//	err := mcp.ServeStdio(ctx, mcp.Config{Client: lap.NewHTTPClient(nil), Logger: stderrLogger}, os.Stdin, os.Stdout)
+//
+// It returns nil on EOF or when ctx is cancelled, and writes nothing but
+// protocol messages to out. Inside `lapd serve` the endpoint uses the
+// in-process client (no HTTP hop; LAP's gates and audit still apply, so tool
+// calls are not audited twice):
+//
+//	h, err := mcp.NewHTTPHandler(mcp.HTTPConfig{Config: mcp.Config{Client: lapServer.Client()}, Audit: auditLog})
+//	mux.Handle("/agent/mcp", h)
+//	defer h.Close(ctx)
+//
+// NewServer returns the bare *server.MCPServer (mcp-go) and the Executor for
+// other transports and for tests.
+//
+// # Tools, results and errors
+//
+// Tools are listed in workflow order with a title, an LLM-directed
+// description, input and output schemas and all four annotations set on
+// purpose (reads: read-only, idempotent, closed-world; send_message:
+// destructive, not idempotent, open-world because app effects reach the app's
+// backend — but safe to retry with its idempotencyKey; narrate: neither
+// read-only nor destructive nor idempotent; connect/disconnect: idempotent).
+// docs/TOOLS.md is generated from the catalogue and testdata/tools.golden.json
+// snapshots every schema (`go test ./mcp -update` rewrites both).
+//
+// A success carries the LAP body as structuredContent plus the same JSON as
+// text. A failure is an isError result whose text starts with a code — a LAP
+// code (auth-failed, revoked, paused, rate-limited, timeout, invalid,
+// schema-error, human-only, user-cancelled, network, …) or one of ours
+// (unbound, session-required, unknown-session, invalid-arguments) — followed
+// by one sentence saying what to do; structuredContent.error repeats
+// {code, detail, retryAfterMs, reconnect}.
+//
+// Within a call's budget (reads 20 s; send_message, get_confirm_result and
+// wait_for_change: their timeoutMs + 2 s) the executor retries a 503 paused
+// with reconnect=pending and a 429 after Retry-After, re-sending the same
+// body, so send_message keeps its idempotencyKey (one is generated when the
+// model gives none, and returned). While it waits it sends
+// notifications/progress about once a second if the request carried a
+// progress token; nothing depends on them arriving.
+//
+// # Sessions and handles
+//
+// connect_session returns a handle s_<16 base32> (80 random bits) naming a
+// binding {base URL, token, app}. Over stdio the process is one caller; over
+// HTTP a legacy client's bindings belong to its MCP session (DELETE drops
+// them). A caller with exactly one binding may omit `session`; with several,
+// the error lists them. A modern (2026-07-28) HTTP client has no MCP session,
+// so it gets no default: it passes the handle, which is the capability.
+// Bindings: 256 in all, 16 per caller, 8 per token (LRU evicted), 30 min idle
+// expiry; expiry is lazy, so the table starts no goroutines. Tokens are kept
+// in memory only and never logged (logs name a token by a hash prefix).
+//
+// # HTTP endpoint bounds (defaults, after the reference)
+//
+// mcp-go's Streamable HTTP server runs stateful (so DELETE ends a session and
+// later requests get 404) with both protocol eras and its DNS-rebinding
+// protection on. In front of it: a browser Origin not in AllowedOrigins (and
+// not same-origin) gets 403 forbidden-origin; session creation is limited per
+// client IP (1/s, burst 10 → 429 + Retry-After); at most 64 sessions (503
+// session-capacity, Retry-After 30), 16 of them not yet connected (the least
+// recently used of those is evicted), 8 per token (connecting a 9th evicts
+// that token's oldest); sessions expire after 30 min idle, unconnected ones
+// 30 min after creation. These keep an unauthenticated caller from holding
+// memory, and keep one leaked token from crowding out everyone else.
+// Refusals are audited (refused, rate-limited). Unlike the reference, a bearer
+// on the initialize request is not verified there: tools need connect_session
+// anyway, which verifies the token through LAP.
+package mcp
