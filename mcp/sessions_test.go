@@ -156,3 +156,16 @@ func TestServeStdio(t *testing.T) {
 	}
 	outR.Close()
 }
+
+func TestServeStdioCancel(t *testing.T) {
+	// Not parallel: mcp-go's stdio session is process-global.
+	inR, inW := io.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ServeStdio(ctx, Config{Client: newFakeLAP()}, inR, io.Discard) }()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("ServeStdio after cancel: %v", err)
+	}
+	inW.Close() // releases mcp-go's pending stdin read
+}
