@@ -70,6 +70,10 @@ type Config struct {
 	// per-token session cap.
 	OnBind func(scope, tokenKey string)
 
+	// DefaultURL is the LAP base URL the bridge uses when connect_session
+	// gets a token but no URL (lapd mcp --url); ignored by the endpoint.
+	DefaultURL string
+
 	Name    string // server name; default "lapd"
 	Version string // server version; default "dev"
 }
@@ -403,6 +407,9 @@ func (e *Executor) connect(ctx context.Context, d toolDef, a args, p *progress) 
 	if e.cfg.Mode == ModeEndpoint {
 		base = ""
 	} else {
+		if base == "" {
+			base = e.cfg.DefaultURL
+		}
 		if base == "" {
 			return nil, invalidArgs("no LAP URL given; pass the whole connect line as line, or url and token")
 		}

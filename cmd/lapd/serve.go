@@ -45,7 +45,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		ln.Close()
 		return err
 	}
-	if err := mountExtras(a, c, log); err != nil {
+	closeExtras, err := mountExtras(a, c, log)
+	if err != nil {
 		ln.Close()
 		a.Shutdown(context.Background())
 		return err
@@ -76,13 +77,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	// Order: the app drains LAP and closes tabs with 1012 (they reconnect to
 	// the next process) while the listener still answers in-flight requests;
 	// then the HTTP server stops.
+	errMCP := closeExtras(sctx)
 	errApp := a.Shutdown(sctx)
 	hs.SetKeepAlivesEnabled(false)
 	errHTTP := hs.Shutdown(sctx)
 	if errors.Is(errHTTP, context.DeadlineExceeded) {
 		hs.Close()
 	}
-	if err := errors.Join(errApp, errHTTP); err != nil {
+	if err := errors.Join(errMCP, errApp, errHTTP); err != nil {
 		log.Warn("shutdown finished with errors", "err", err)
 		return err
 	}
