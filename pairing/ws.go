@@ -214,7 +214,11 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	ws.SetReadLimit(r.cfg.MaxFrame)
 	c.ws, c.nc = ws, hr.nc
-	if !r.register(rec.TID, c) {
+	if !r.register(rec.TID, c) { // Shutdown began meanwhile
+		_, _ = r.cfg.Tokens.Disconnected(context.Background(), rec.TID)
+		if c.nc != nil {
+			_ = c.nc.SetDeadline(time.Now().Add(closeGrace))
+		}
 		ws.Close(CloseRestart, "server restarting")
 		return
 	}

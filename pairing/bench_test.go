@@ -1,0 +1,225 @@
+package pairing
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// answerLoop makes tb a fake tab that answers every rpc with result, reading
+// only the id (as a browser would, it does not care about the rest).
+func answerLoop(ws *websocket.Conn, result []byte) {
+	for {
+		_, b, err := ws.Read(context.Background())
+		if err != nil {
+			return
+		}
+		var f struct {
+			T  string `json:"t"`
+			ID string `json:"id"`
+		}
+		if json.Unmarshal(b, &f) != nil || f.T != "rpc" {
+			continue
+		}
+		reply := make([]byte, 0, len(result)+80)
+		reply = append(reply, `{"t":"rpc-reply","id":"`...)
+		reply = append(reply, f.ID...)
+		reply = append(reply, `","result":`...)
+		reply = append(reply, result...)
+		reply = append(reply, '}')
+		if ws.Write(context.Background(), websocket.MessageText, reply) != nil {
+			return
+		}
+	}
+}
+
+// result returns a JSON object of about n bytes.
+func result(n int) []byte {
+	return []byte(`{"state":{"blob":"` + strings.Repeat("x", n-24) + `"}}`)
+}
+
+func BenchmarkCall(b *testing.B) {
+	for _, size := range []int{1 << 10, 20 << 10} {
+		for _, callers := range []int{1, 16} {
+			b.Run(fmt.Sprintf("result=%dKB/callers=%d", size>>10, callers), func(b *testing.B) {
+				e := newEnv(b, nil)
+				tok, tid := e.mint("")
+				ws, _, err := e.dialRaw(tok, dialOpts{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ws.SetReadLimit(-1)
+				if err := ws.Write(context.Background(), websocket.MessageText, []byte(`{"t":"hello","appName":"b","schemaHash":"h"}`)); err != nil {
+					b.Fatal(err)
+				}
+				done := make(chan struct{})
+				go func() { defer close(done); answerLoop(ws, result(size)) }()
+				b.Cleanup(func() { ws.CloseNow(); <-done })
+				recv(b, e.paired)
+
+				b.SetBytes(int64(size))
+				b.ReportAllocs()
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				per := (b.N + callers - 1) / callers
+				for range callers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for range per {
+							if _, err := e.reg.Call(context.Background(), tid, "get_state", nil, 0); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+			})
+		}
+	}
+}
+
+// TestIdleTabMemory pairs 1,000 and 10,000 idle tabs and reports the server's
+// heap+stack bytes per tab. The tabs run in a child process (this test binary
+// re-executed), so the figure is the server side only and the 20,000
+// open-file limit holds. Run with LAPD_MEMBENCH=1 go test -run IdleTabMemory -v.
+func TestIdleTabMemory(t *testing.T) {
+	if os.Getenv("LAPD_MEMBENCH_CHILD") != "" {
+		memChild(t)
+		return
+	}
+	if os.Getenv("LAPD_MEMBENCH") == "" {
+		t.Skip("set LAPD_MEMBENCH=1 to measure idle tab memory")
+	}
+	for _, n := range []int{1000, 10000} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			e := newEnv(t, nil)
+			var paired atomic.Int64
+			allPaired := make(chan struct{})
+			e.reg.SetHooks(Hooks{OnPaired: func(string, bool) {
+				if paired.Add(1) == int64(n) {
+					close(allPaired)
+				}
+			}})
+			toks := make([]string, n)
+			for i := range toks {
+				toks[i], _ = e.mint("")
+			}
+			before := memNow()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestIdleTabMemory$")
+			cmd.Env = append(os.Environ(), "LAPD_MEMBENCH_CHILD="+e.url())
+			stdin, _ := cmd.StdinPipe()
+			stdout, _ := cmd.StdoutPipe()
+			cmd.Stderr = os.Stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			w := bufio.NewWriter(stdin)
+			for _, tok := range toks {
+				fmt.Fprintln(w, tok)
+			}
+			fmt.Fprintln(w)
+			w.Flush()
+			line, err := bufio.NewReader(stdout).ReadString('\n')
+			if err != nil || !strings.HasPrefix(line, "ready") {
+				t.Fatalf("child: %q %v", line, err)
+			}
+			recv(t, allPaired)
+			g := runtime.NumGoroutine()
+			after := memNow()
+			if s := e.reg.Stats(); s.ActiveTabs != n {
+				t.Fatalf("ActiveTabs %d", s.ActiveTabs)
+			}
+			t.Logf("%d idle tabs: server heap+stack %.1f KiB per tab (heap %.1f, stack %.1f), %.2f goroutines per tab",
+				n, float64(after.total-before.total)/1024/float64(n), float64(after.heap-before.heap)/1024/float64(n),
+				float64(after.stack-before.stack)/1024/float64(n), float64(g)/float64(n))
+			start := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := e.reg.Shutdown(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("Shutdown with %d tabs took %v", n, time.Since(start).Round(time.Millisecond))
+			stdin.Close()
+			_ = cmd.Wait()
+		})
+	}
+}
+
+type memFig struct{ heap, stack, total uint64 }
+
+func memNow() memFig {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return memFig{heap: m.HeapAlloc, stack: m.StackInuse, total: m.HeapAlloc + m.StackInuse}
+}
+
+// memChild dials one tab per token read from stdin, says hello, prints
+// "ready" once every hello-ack has arrived and holds the sockets until stdin
+// closes.
+func memChild(t *testing.T) {
+	url := os.Getenv("LAPD_MEMBENCH_CHILD")
+	in := bufio.NewScanner(os.Stdin)
+	var toks []string
+	for in.Scan() && in.Text() != "" {
+		toks = append(toks, in.Text())
+	}
+	var wg sync.WaitGroup
+	conns := make([]*websocket.Conn, len(toks))
+	sem := make(chan struct{}, 64)
+	for i, tok := range toks {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			ws, _, err := websocket.Dial(ctx, url+"?token="+tok, nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			conns[i] = ws
+			_ = ws.Write(ctx, websocket.MessageText, []byte(`{"t":"hello","appName":"m","schemaHash":"h","lapVersion":2}`))
+			if _, _, err := ws.Read(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Println("ready")
+	for _, ws := range conns {
+		if ws != nil {
+			go func() { // keep reading so pings are answered
+				for {
+					if _, _, err := ws.Read(context.Background()); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}
+	for in.Scan() {
+	}
+	for _, ws := range conns {
+		if ws != nil {
+			ws.CloseNow()
+		}
+	}
+}
