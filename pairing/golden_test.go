@@ -78,8 +78,12 @@ type recTab struct {
 	tr *transcript
 }
 
-func (r recTab) send(v any)                        { r.tr.add("tab→", v); r.tab.send(v) }
-func (r recTab) expect(typ string) map[string]any { m := r.tab.expect(typ); r.tr.add("←srv", m); return m }
+func (r recTab) send(v any) { r.tr.add("tab→", v); r.tab.send(v) }
+func (r recTab) expect(typ string) map[string]any {
+	m := r.tab.expect(typ)
+	r.tr.add("←srv", m)
+	return m
+}
 
 func TestGoldenSession(t *testing.T) {
 	t.Parallel()
