@@ -580,3 +580,19 @@ func TestShutdown(t *testing.T) {
 		t.Fatalf("record after shutdown %s (the tab should be able to resume)", rec.Status)
 	}
 }
+
+func TestClosedBuffersExpire(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.Retention = time.Nanosecond })
+	tok1, tid1 := e.mint("")
+	tok2, tid2 := e.mint("")
+	a, b := e.pair(tok1), e.pair(tok2)
+	a.ws.Close(websocket.StatusNormalClosure, "")
+	recv(t, e.closed)
+	b.ws.Close(websocket.StatusNormalClosure, "") // closing sweeps expired buffers
+	recv(t, e.closed)
+	if _, ok := e.reg.Hello(tid1); ok {
+		t.Fatalf("%s's buffers outlived Retention", tid1)
+	}
+	_ = tid2
+}
