@@ -144,8 +144,24 @@ export interface Agent {
   reject(confirmId: string): boolean
   pendingConfirms(): ConfirmEntry[]
   log(): LogEntry[]
+  /**
+   * The client's own cost of answering rpc frames, measured with performance.now()
+   * (browsers coarsen it, e.g. to 0.1 ms): wall time from a frame's arrival (before
+   * JSON.parse) until its reply and log-append are sent, minus the app's handler and
+   * the drain wait of send_message. Counts every rpc frame, also errors.
+   */
+  stats(): AgentStats
   /** Close the socket, remove the panel and listeners; the stored session is kept. */
   destroy(): void
+}
+
+export interface AgentStats {
+  /** rpc frames handled since createAgent. */
+  rpcCount: number
+  /** Sum of their cost in ms. */
+  rpcHandleMsTotal: number
+  /** Lower median cost in ms over the last LIMITS.statsSamples (1000) rpcs; 0 before any. */
+  rpcHandleMsP50: number
 }
 
 export function createAgent<S = unknown>(opts: AgentOptions<S>): Agent

@@ -65,6 +65,7 @@ export const LIMITS = Object.freeze({
   queryDomElements: 100,
   reconnectGiveUpMs: 5 * 60 * 1000,
   missedPongs: 2,
+  statsSamples: 1000, // rpc timings kept for stats().rpcHandleMsP50
 })
 
 const STORAGE_KEY = 'lapd:session'
@@ -727,6 +728,8 @@ export function createAgent(opts) {
   const base = (opts.baseUrl ?? (g.location ? g.location.origin : '')).replace(/\/$/, '')
   const redact = typeof opts.redact === 'function' ? opts.redact : (s) => s
   const now = () => Date.now()
+  // High-resolution clock for stats() (browsers coarsen it, e.g. to 0.1 ms).
+  const clock = g.performance && typeof g.performance.now === 'function' ? () => g.performance.now() : now
 
   let conn = initialConnState()
   let session = loadSession()
@@ -1005,11 +1008,12 @@ export function createAgent(opts) {
 
   // ── frames from the server ──
   function onFrame(data) {
+    const t0 = clock()
     let f
     try { f = JSON.parse(data) } catch { return }
     if (!f || typeof f.t !== 'string') return
     switch (f.t) {
-      case 'rpc': handleRpc(f); break
+      case 'rpc': handleRpc(f, t0); break
       case 'hello-ack': startHeartbeat(f.heartbeatMs); break
       case 'pong': missedPongs = 0; break
       case 'active': fire({ type: 'activated' }); emit('active'); break
@@ -1045,7 +1049,32 @@ export function createAgent(opts) {
   }
 
   // ── rpc ──
-  async function handleRpc(f) {
+  // Cost accounting for stats(): wall time from a frame's arrival (before
+  // JSON.parse) to the end of its handling (reply and log-append sent),
+  // minus meta.excludedMs (the app's handler and the drain wait, which
+  // sendMessage measures around runDispatch).
+  let rpcCount = 0
+  let rpcHandleMsTotal = 0
+  const rpcSamples = [] // ring of the last LIMITS.statsSamples timings
+  function recordRpc(ms) {
+    const v = Math.max(0, ms)
+    if (rpcSamples.length >= LIMITS.statsSamples) rpcSamples.splice(0, rpcSamples.length - LIMITS.statsSamples + 1)
+    rpcSamples.push(v)
+    rpcCount++
+    rpcHandleMsTotal += v
+  }
+  function stats() {
+    const sorted = rpcSamples.slice().sort((a, b) => a - b)
+    const p50 = sorted.length ? sorted[Math.floor((sorted.length - 1) / 2)] : 0
+    return { rpcCount, rpcHandleMsTotal, rpcHandleMsP50: p50 }
+  }
+
+  async function handleRpc(f, t0 = clock()) {
+    const meta = { excludedMs: 0 }
+    try { await handleRpcTimed(f, meta) } finally { recordRpc(clock() - t0 - meta.excludedMs) }
+  }
+
+  async function handleRpcTimed(f, meta) {
     const id = typeof f.id === 'string' ? f.id : null
     if (!id || typeof f.tool !== 'string') { if (id) send({ t: 'rpc-error', id, code: 'schema-error', detail: 'rpc frame needs id and tool' }); return }
     const args = f.args && typeof f.args === 'object' ? f.args : {}
@@ -1057,7 +1086,7 @@ export function createAgent(opts) {
     let result
     let entry = { id, at: now(), kind: 'read', intent: READ_INTENTS[f.tool] || f.tool }
     try {
-      const r = await tool(args)
+      const r = await tool(args, meta)
       result = r.result
       if (r.log) entry = { ...entry, ...r.log }
       send({ t: 'rpc-reply', id, result })
@@ -1138,7 +1167,7 @@ export function createAgent(opts) {
         return { result: { status: 'reducer-threw', message: errMessage(e), ...(e && e.stack ? { stack: String(e.stack).slice(0, 2000) } : {}) }, log }
       }
     },
-    async send_message(args) { return sendMessage(args) },
+    async send_message(args, meta) { return sendMessage(args, meta) },
   }
 
   function structuredCloneSafe(v) {
@@ -1206,7 +1235,7 @@ export function createAgent(opts) {
     return { effectsObserved: waitFor === 'none' ? 0 : effects, durationMs: now() - start, timedOut, errors }
   }
 
-  async function sendMessage(args) {
+  async function sendMessage(args, meta) {
     const msg = args.msg && typeof args.msg === 'object' ? fromWire(args.msg) : args.msg
     const variant = msg && typeof msg.type === 'string' ? msg.type : undefined
     const a = actions && variant && own(actions, variant) ? actions[variant] : null
@@ -1232,7 +1261,9 @@ export function createAgent(opts) {
     const drainQuietMs = clampNum(args.drainQuietMs, 100, 0, 10000)
     const timeoutMs = clampNum(args.timeoutMs, 5000, 0, 60000)
     const before = wireState()
+    const td = clock()
     const drain = await runDispatch(msg, { waitFor, drainQuietMs, timeoutMs })
+    if (meta) meta.excludedMs += clock() - td
     const afterState = wireState()
     const stateDiff = computeStateDiff(before, afterState)
     lastSend = drain.errors.length
@@ -1347,6 +1378,7 @@ export function createAgent(opts) {
     reject,
     pendingConfirms: () => pendingConfirms().map((c) => ({ ...c })),
     log: () => logRing.slice(),
+    stats,
     destroy() {
       destroyed = true
       clearTimeout(reconnectTimer)

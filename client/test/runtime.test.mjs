@@ -425,3 +425,48 @@ test('a malformed rpc frame gets schema-error; non-JSON frames are ignored', asy
   assert.equal(agent.status, 'pending-claude')
   agent.destroy()
 })
+
+test('stats: rpc count and time inside lapd.js, without the app handler and the drain wait', async (t) => {
+  // A fake high-resolution clock that only app code advances: the handlers
+  // (excluded from the cost) and context() (counted: observe calls it while
+  // building the reply, like any other work the tab does for an rpc).
+  let fake = 1000
+  t.mock.method(globalThis.performance, 'now', () => fake)
+  let ctxCost = 0
+  const { agent, ws } = await connected({
+    actions: {
+      slow: { intent: 'Slow handler', handler: () => { fake += 50 } },
+      wait: { intent: 'Async effect', handler: () => new Promise((res) => setTimeout(() => { fake += 20; res() }, 5)) },
+    },
+    context: () => { fake += ctxCost; return { summary: 'x' } },
+  })
+  assert.deepEqual(agent.stats(), { rpcCount: 0, rpcHandleMsTotal: 0, rpcHandleMsP50: 0 })
+  await rpc(ws, 'send_message', { msg: { type: 'slow' }, drainQuietMs: 0 })
+  await rpc(ws, 'send_message', { msg: { type: 'wait' }, drainQuietMs: 1 })
+  assert.equal(fake, 1070)
+  assert.deepEqual(agent.stats(), { rpcCount: 2, rpcHandleMsTotal: 0, rpcHandleMsP50: 0 })
+
+  ctxCost = 3
+  await rpc(ws, 'observe')
+  assert.deepEqual(agent.stats(), { rpcCount: 3, rpcHandleMsTotal: 3, rpcHandleMsP50: 0 }) // samples 0, 0, 3
+  await rpc(ws, 'observe')
+  assert.deepEqual(agent.stats(), { rpcCount: 4, rpcHandleMsTotal: 6, rpcHandleMsP50: 0 }) // lower median of 0, 0, 3, 3
+  await rpc(ws, 'observe')
+  assert.deepEqual(agent.stats(), { rpcCount: 5, rpcHandleMsTotal: 9, rpcHandleMsP50: 3 })
+  agent.destroy()
+})
+
+test('stats: real clock, errors and malformed frames count too', async () => {
+  const { agent, ws } = await connected()
+  const t0 = performance.now()
+  await rpc(ws, 'send_message', { msg: { type: 'save' }, drainQuietMs: 10 }) // ≥ 30 ms in the app
+  const wall = performance.now() - t0
+  await rpc(ws, 'query_state', { path: 1 }) // rpc-error
+  ws.frame({ t: 'rpc', id: 'm1' }) // malformed
+  await until(() => agent.stats().rpcCount === 3, 'three rpcs counted')
+  const s = agent.stats()
+  assert.ok(wall >= 30, `wall ${wall}`)
+  assert.ok(s.rpcHandleMsTotal < wall - 20, `lapd.js cost ${s.rpcHandleMsTotal} ms must exclude the ≥ 30 ms save (wall ${wall} ms)`)
+  assert.ok(s.rpcHandleMsP50 <= s.rpcHandleMsTotal)
+  agent.destroy()
+})
