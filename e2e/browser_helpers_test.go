@@ -1,0 +1,312 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	mcpclient "github.com/mark3labs/mcp-go/client"
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+)
+
+// The browser suite drives the demo Taskboard (served by `lapd serve` at /)
+// in a real headless Chromium, and the model side through mcp-go's real
+// client, over /agent/mcp and over `lapd mcp` (stdio). Helpers here are
+// prefixed with "browser" so they never collide with the other e2e files.
+
+const browserChromium = "/usr/bin/chromium"
+
+// browserPanel is the panel's shadow root on the demo page.
+const browserPanel = `document.querySelector('[data-lapd-panel]').shadowRoot`
+
+// browserTestID returns JS selecting a panel element by data-testid.
+func browserTestID(id string) string {
+	return browserPanel + `.querySelector('[data-testid="` + id + `"]')`
+}
+
+// browserTab is one headless Chromium with one page.
+type browserTab struct {
+	t   *testing.T
+	ctx context.Context
+}
+
+// browserOpen starts a fresh headless Chromium (own profile dir) and opens url.
+// The browser is closed on cleanup.
+func browserOpen(t *testing.T, url string) *browserTab {
+	t.Helper()
+	needTool(t, "chromium", browserChromium)
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(browserChromium),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.WindowSize(1280, 800),
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		// A hidden or occluded page must not throttle the timers lapd.js uses.
+		chromedp.Flag("disable-background-timer-throttling", true),
+		chromedp.Flag("disable-renderer-backgrounding", true),
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(allocCtx)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	b := &browserTab{t: t, ctx: ctx}
+	// The first Run starts the browser and must use ctx itself: a derived
+	// context with a deadline would close the browser when it is cancelled.
+	if _, err := chromedp.Run(ctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatalf("starting chromium: %v", err)
+	}
+	browserRun(t, ctx, 20*time.Second, chromedp.Navigate(url))
+	b.waitJS(`!!window.__lapd && !!`+browserPanel, 10*time.Second)
+	return b
+}
+
+// browserRun runs one chromedp action with a deadline and fails on error.
+func browserRun[T any](t *testing.T, ctx context.Context, d time.Duration, a chromedp.Action[T]) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	v, err := chromedp.Run(ctx, a)
+	if err != nil {
+		t.Fatalf("browser: %v", err)
+	}
+	return v
+}
+
+// eval evaluates js and decodes its value into out (may be nil).
+func (b *browserTab) eval(js string, out any) {
+	b.t.Helper()
+	raw := browserRun(b.t, b.ctx, 10*time.Second, chromedp.Evaluate[json.RawMessage](js))
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			b.t.Fatalf("eval %s: decoding %s: %v", js, raw, err)
+		}
+	}
+}
+
+func (b *browserTab) evalString(js string) string {
+	b.t.Helper()
+	var s string
+	b.eval(js, &s)
+	return s
+}
+
+// click clicks the element the JS expression selects (it must exist).
+func (b *browserTab) click(elem string) {
+	b.t.Helper()
+	var ok bool
+	b.eval(`(() => { const e = `+elem+`; if (!e) return false; e.click(); return true })()`, &ok)
+	if !ok {
+		b.t.Fatalf("click: no element for %s", elem)
+	}
+}
+
+// waitJS polls the page until js is truthy. The page has no signal to wait
+// on, so this is a poll with a deadline, not a sleep.
+func (b *browserTab) waitJS(js string, d time.Duration) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, d)
+	defer cancel()
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`!!(`+js+`)`, chromedp.WithPollingInterval(20*time.Millisecond))); err != nil {
+		sctx, scancel := context.WithTimeout(b.ctx, 2*time.Second)
+		defer scancel()
+		status, _ := chromedp.Run(sctx, chromedp.Evaluate[string](`window.__lapd ? window.__lapd.status + ' ' + JSON.stringify(window.__lapd.error) : 'no agent'`))
+		feed, _ := chromedp.Run(sctx, chromedp.Evaluate[string](`(`+browserTestID("feed")+` || {}).textContent || ''`))
+		b.t.Fatalf("waiting %s for %s: %v (agent status %s; feed %q)", d, js, err, status, feed)
+	}
+}
+
+// waitStatus waits until the agent (and the panel) show status.
+func (b *browserTab) waitStatus(status string, d time.Duration) {
+	b.t.Helper()
+	b.waitJS(`window.__lapd.status === '`+status+`' && `+browserTestID("status")+`.getAttribute('data-status') === '`+status+`'`, d)
+}
+
+// shot saves a viewport screenshot as docs/screenshots/<name>.png when
+// LAPD_SCREENSHOTS=1 or the file is missing (so CI runs leave the tree clean).
+func (b *browserTab) shot(name string) {
+	b.t.Helper()
+	path := filepath.Join("..", "docs", "screenshots", name+".png")
+	if _, err := os.Stat(path); err == nil && os.Getenv("LAPD_SCREENSHOTS") != "1" {
+		return
+	}
+	png := browserRun(b.t, b.ctx, 10*time.Second, chromedp.CaptureScreenshot())
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		b.t.Fatal(err)
+	}
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Logf("wrote %s", path)
+}
+
+// browserFreeAddr returns a loopback address with a port that was free a
+// moment ago, for a server that must come back on the same port.
+func browserFreeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// browserMCPHTTP connects mcp-go's Streamable HTTP client to /agent/mcp.
+func browserMCPHTTP(t *testing.T, srvURL string) *mcpclient.Client {
+	t.Helper()
+	c, err := mcpclient.NewStreamableHttpClient(srvURL + "/agent/mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	browserMCPInit(t, c, true)
+	return c
+}
+
+// browserMCPStdio runs `lapd mcp` (the stdio bridge) under mcp-go's client.
+func browserMCPStdio(t *testing.T) *mcpclient.Client {
+	t.Helper()
+	c, err := mcpclient.NewStdioMCPClient(lapdBin, []string{"LAPD_LOG_LEVEL=warn"}, "mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	browserMCPInit(t, c, false)
+	return c
+}
+
+func browserMCPInit(t *testing.T, c *mcpclient.Client, start bool) {
+	t.Helper()
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if start {
+		if err := c.Start(ctx); err != nil {
+			t.Fatalf("mcp start: %v", err)
+		}
+	}
+	req := mcpgo.InitializeRequest{}
+	req.Params.ClientInfo = mcpgo.Implementation{Name: "lapd-browser-e2e", Version: "1"}
+	if _, err := c.Initialize(ctx, req); err != nil {
+		t.Fatalf("mcp initialize: %v", err)
+	}
+}
+
+// browserToolResult is a tool result as the model sees it.
+type browserToolResult struct {
+	IsError bool
+	Text    string
+	SC      map[string]any // structuredContent
+	Raw     json.RawMessage
+}
+
+// code is structuredContent.error.code of an isError result.
+func (r browserToolResult) code() string {
+	if e, ok := r.SC["error"].(map[string]any); ok {
+		s, _ := e["code"].(string)
+		return s
+	}
+	return ""
+}
+
+// browserCall calls one tool and fails the test on a protocol error (an
+// isError result is returned, not failed).
+func browserCall(t *testing.T, c *mcpclient.Client, tool string, args map[string]any) browserToolResult {
+	t.Helper()
+	r, err := browserTryCall(c, tool, args)
+	if err != nil {
+		t.Fatalf("%s: %v", tool, err)
+	}
+	return r
+}
+
+func browserTryCall(c *mcpclient.Client, tool string, args map[string]any) (browserToolResult, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req := mcpgo.CallToolRequest{}
+	req.Params.Name = tool
+	req.Params.Arguments = args
+	res, err := c.CallTool(ctx, req)
+	if err != nil {
+		return browserToolResult{}, err
+	}
+	out := browserToolResult{IsError: res.IsError}
+	for _, ct := range res.Content {
+		if tc, ok := ct.(mcpgo.TextContent); ok {
+			out.Text += tc.Text
+		}
+	}
+	raw := res.RawStructuredContent
+	if len(raw) == 0 && res.StructuredContent != nil {
+		raw, _ = json.Marshal(res.StructuredContent)
+	}
+	out.Raw = raw
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &out.SC); err != nil {
+			return out, fmt.Errorf("structuredContent %s: %v", raw, err)
+		}
+	}
+	return out, nil
+}
+
+// browserOK calls a tool that must succeed.
+func browserOK(t *testing.T, c *mcpclient.Client, tool string, args map[string]any) map[string]any {
+	t.Helper()
+	r := browserCall(t, c, tool, args)
+	if r.IsError {
+		t.Fatalf("%s(%v): isError: %s", tool, args, r.Text)
+	}
+	return r.SC
+}
+
+// browserBuildPlain builds lapd without -race (for performance figures).
+func browserBuildPlain(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "lapd-plain")
+	cmd := exec.Command("go", "build", "-o", bin, "../cmd/lapd")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func browserJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func browserHasDiff(diff any, path, title string) bool {
+	ops, _ := diff.([]any)
+	for _, o := range ops {
+		m, _ := o.(map[string]any)
+		if m["path"] == path && (m["op"] == "add" || m["op"] == "replace") {
+			if v, ok := m["value"].(map[string]any); ok && v["title"] == title {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func browserCount(events []string, name string) int {
+	n := 0
+	for _, e := range events {
+		if e == name {
+			n++
+		}
+	}
+	return n
+}
