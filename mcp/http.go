@@ -206,7 +206,10 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		if r.Header.Get(mcpserver.HeaderKeySessionID) == "" && isInitialize(body) {
+		// Only a legacy initialize mints a session. A modern (2026-07-28)
+		// request named initialize is a removed method (mcp-go answers 404)
+		// and must not spend the caller's session-creation budget.
+		if r.Header.Get(mcpserver.HeaderKeySessionID) == "" && isInitialize(body) && !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) {
 			h.allocate(w, r)
 			return
 		}

@@ -30,7 +30,14 @@ func NewServer(cfg Config) (*mcpserver.MCPServer, *Executor, error) {
 			slices.SortStableFunc(out, func(a, b mcpgo.Tool) int { return rank(order, a.Name) - rank(order, b.Name) })
 			return out
 		}),
-		mcpserver.WithToolCapabilities(false),
+		// listChanged: lapd's tool list never changes, so no
+		// tools/list_changed is ever sent. Declaring it keeps a modern
+		// subscriptions/listen stream open instead of answering at once,
+		// which is what makes its acknowledgement arrive: mcp-go v1.2.1
+		// over Streamable HTTP drops a notification sent right before a
+		// handler returns (mark3labs/mcp-go#969), and the MCP conformance
+		// check sep-2575-server-sends-subscription-ack failed that way.
+		mcpserver.WithToolCapabilities(true),
 		mcpserver.WithPromptCapabilities(false),
 		mcpserver.WithInstructions(Instructions),
 		mcpserver.WithTitle("lapd — drive a live web app"),
