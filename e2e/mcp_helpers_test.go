@@ -50,7 +50,13 @@ func mcpInitialize(t testing.TB, c *client.Client, version string) {
 // initializes an mcp-go client over its stdin/stdout.
 func mcpDialStdio(t testing.TB, s *server) *client.Client {
 	t.Helper()
-	c, err := client.NewStdioMCPClient(lapdBin, []string{"LAPD_URL=", "LAPD_LOG_LEVEL="}, "mcp", "--url", s.URL+"/agent/lap/v1")
+	return mcpDialStdioBin(t, lapdBin, s)
+}
+
+// mcpDialStdioBin is mcpDialStdio with another lapd binary.
+func mcpDialStdioBin(t testing.TB, bin string, s *server) *client.Client {
+	t.Helper()
+	c, err := client.NewStdioMCPClient(bin, []string{"LAPD_URL=", "LAPD_LOG_LEVEL="}, "mcp", "--url", s.URL+"/agent/lap/v1")
 	if err != nil {
 		t.Fatalf("starting lapd mcp: %v", err)
 	}
