@@ -33,18 +33,22 @@ Run "lapd <command> --help" for a command's flags.
 `
 
 // run is the whole program; main only wires the process to it.
-func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, env ...func(string) string) error {
+	getenv := osEnv
+	if len(env) > 0 && env[0] != nil {
+		getenv = env[0]
+	}
 	cmd := "serve"
 	if len(args) > 0 {
 		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
 	case "serve":
-		return runServe(ctx, args, stdout, stderr, osEnv)
+		return runServe(ctx, args, stdout, stderr, getenv)
 	case "mcp":
-		return runMCP(ctx, args, stdin, stdout, stderr, osEnv)
+		return runMCP(ctx, args, stdin, stdout, stderr, getenv)
 	case "audit":
-		return runAudit(ctx, args, stdout, stderr, osEnv)
+		return runAudit(ctx, args, stdout, stderr, getenv)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "lapd", lapdVersion())
 		return nil
