@@ -32,6 +32,10 @@ import (
 // CPU:
 //
 //	taskset -c 0 go test ./e2e -run '^$' -bench MCP -benchtime 2000x
+//
+// LAPD_BENCH_STORE=memory runs the server with the memory token store.
+// The LAP client returns the body as raw bytes while mcp-go's client decodes
+// the whole CallToolResult, so the MCP figures include that decoding too.
 func BenchmarkMCP(b *testing.B) {
 	bin := mcpBenchBinary(b)
 	s := mcpBenchServer(b, bin)
@@ -100,6 +104,15 @@ func mcpMeasure(b *testing.B, op func() error) float64 {
 	return p
 }
 
+// mcpBenchStore is LAPD_BENCH_STORE (sqlite or memory), default sqlite,
+// so the token store's share of a call can be told apart.
+func mcpBenchStore() string {
+	if s := os.Getenv("LAPD_BENCH_STORE"); s != "" {
+		return s
+	}
+	return "sqlite"
+}
+
 var (
 	benchBinOnce sync.Once
 	benchBin     string
@@ -130,7 +143,7 @@ func mcpBenchServer(b *testing.B, bin string) *server {
 	b.Helper()
 	dataDir := b.TempDir()
 	cmd := exec.Command(bin, "serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir,
-		"--log-level", "info", "--audit", "none", "--lap-rate", "1000000000", "--demo=false")
+		"--log-level", "info", "--audit", "none", "--lap-rate", "1000000000", "--demo=false", "--store", mcpBenchStore())
 	cmd.Env = append(os.Environ(), "LAPD_ADDR=", "LAPD_DATA_DIR=")
 	s := &server{DataDir: dataDir, cmd: cmd, stderr: &syncBuffer{}, audit: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout = s.audit
