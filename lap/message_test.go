@@ -10,6 +10,7 @@ import (
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/tokens"
 )
 
 func TestServerSidePolicy(t *testing.T) {
@@ -228,16 +229,17 @@ func TestConfirmSyncOnReconnect(t *testing.T) {
 	r := e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":1}`)
 	id := r.json(t)["confirmId"].(string)
 	tab.Close()
+	waitStatus(t, e, e.tids()[0], tokens.StatusPendingResume)
 	tab2 := e.dial(token, faketab.WithPolicy(faketab.DemoPolicy()))
+	if _, err := tab2.WaitFor(ctxT(t), "active"); err != nil { // pushed first
+		t.Errorf("re-pair did not push active: %v", err)
+	}
 	f, err := tab2.WaitFor(ctxT(t), "confirm-sync")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(f.Raw), id) {
 		t.Errorf("confirm-sync %s lacks %s", f.Raw, id)
-	}
-	if _, err := tab2.WaitFor(ctxT(t), "active"); err != nil {
-		t.Errorf("re-pair did not push active: %v", err)
 	}
 }
 

@@ -121,6 +121,9 @@ func TestRevoke(t *testing.T) {
 	m := e.do("POST", "/agent/mint", "", "", as("alice")...).json(t)
 	token, tid := m["token"].(string), m["tid"].(string)
 	tab := e.dial(token)
+	if r := e.lapCall(token, "/actions", ""); r.status != 200 { // activates: sessions lists active records
+		t.Fatal(r.status)
+	}
 	if r := e.do("GET", "/agent/sessions", "", "", as("alice")...); !strings.Contains(string(r.body), tid) {
 		t.Errorf("sessions: %s", r.body)
 	}

@@ -32,7 +32,7 @@ func TestRoutesSuccess(t *testing.T) {
 		{"/narrate", `{"text":"working on it"}`, []string{`{"ok":true}`}},
 		{"/query-dom", `{"name":"list","multiple":1}`, []string{`"elements":[`}},
 		{"/describe-visible", ``, []string{`"outline":[`}},
-		{"/context", ``, []string{`"context":{"summary"`}},
+		{"/context", ``, []string{`"summary":"A fake tab"`}},
 		{"/recent-actions", `{"n":3}`, []string{`"entries":[`}},
 		{"/wait", `{"timeoutMs":1}`, []string{`{"status":"timeout","stateAfter":null}`}},
 	}
@@ -214,7 +214,7 @@ func TestTabDropsMidCall(t *testing.T) {
 	done := make(chan resp, 1)
 	go func() { done <- e.lapCall(token, "/actions", "") }()
 	<-entered
-	tab.Abort()
+	tab.Kill()
 	r := <-done
 	if r.status != 503 || r.code() != "paused" || r.header.Get("X-LLui-Reconnect") == "" || r.header.Get("Retry-After") == "" {
 		t.Errorf("dropped mid-call: %d %v %s", r.status, r.header, r.body)

@@ -366,11 +366,15 @@ func (t *Tab) Close() error {
 }
 
 // Abort drops the connection without a close handshake (a crashed tab) and
-// waits for the tab's goroutines.
+// waits for the tab's goroutines (including handlers still running).
 func (t *Tab) Abort() {
 	t.conn.CloseNow()
 	t.wg.Wait()
 }
+
+// Kill drops the connection without a close handshake and returns at once,
+// without waiting for handlers that are still running (call Abort later).
+func (t *Tab) Kill() { t.conn.CloseNow() }
 
 // Done is closed when the connection is gone (either side).
 func (t *Tab) Done() <-chan struct{} { return t.done }
