@@ -177,24 +177,22 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		return nil, err
 	}
 	// confirm needs the LAP server's OnConfirmExpire, and the LAP server needs
-	// confirm: break the cycle with a late-bound closure.
-	var srv *lap.Server
-	onExpire := func(p confirm.Pending) {
-		if srv != nil {
-			srv.OnConfirmExpire(p)
-		}
-	}
-	if a.Confirm, err = confirm.New(ctx, confirm.Config{Store: cstore, Expiry: cfg.ConfirmExpiry, Clock: cfg.Clock, OnExpire: onExpire}); err != nil {
+	// confirm: the hook is installed once the server exists (SetOnExpire
+	// delivers expiries that happened before it, e.g. approvals loaded from
+	// the store already expired, instead of losing them).
+	if a.Confirm, err = confirm.New(ctx, confirm.Config{Store: cstore, Expiry: cfg.ConfirmExpiry, Clock: cfg.Clock, Logger: a.log}); err != nil {
 		return nil, err
 	}
-	if srv, err = lap.New(lap.Config{
+	srv, err := lap.New(lap.Config{
 		Tokens: a.Tokens, Registry: a.Registry, Confirm: a.Confirm, Audit: a.Audit, Logger: a.log,
 		LAPRate: cfg.LAPRate, LAPBurst: cfg.LAPBurst, MintRate: cfg.MintRate, MintBurst: cfg.MintBurst,
 		Identity: cfg.Identity, AllowAnonymous: cfg.AllowAnonymous, CORSOrigins: cfg.Origins,
 		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL, Clock: cfg.Clock,
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
+	a.Confirm.SetOnExpire(srv.OnConfirmExpire)
 	a.LAP = srv
 
 	a.Mux = http.NewServeMux()
