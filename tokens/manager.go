@@ -32,6 +32,10 @@ type Config struct {
 	Logger     *slog.Logger     // reports failed lazy sweeps; nil = discard
 }
 
+// TouchResolution is the precision of LastSeenAt: Touch skips the write
+// when the record was touched less than this long ago.
+const TouchResolution = time.Second
+
 // Manager implements the token lifecycle over a Store. Safe for concurrent use.
 type Manager struct {
 	cfg       Config
@@ -239,10 +243,18 @@ func (m *Manager) Disconnected(ctx context.Context, tid string) (Record, error) 
 	return rec, err
 }
 
-// Touch sets LastSeenAt = now.
+// Touch sets LastSeenAt = now (to within TouchResolution).
 func (m *Manager) Touch(ctx context.Context, tid string) error {
+	// LastSeenAt only needs TouchResolution precision (it feeds the sliding
+	// TTL and the sessions list), so a record touched within that window is
+	// not written again: on the LAP hot path this turns a write transaction
+	// per call into a read.
+	now := m.Now()
+	if rec, err := m.cfg.Store.Get(ctx, tid); err == nil && now-rec.LastSeenAt < TouchResolution.Milliseconds() && now >= rec.LastSeenAt {
+		return nil
+	}
 	_, err := m.cfg.Store.Update(ctx, tid, func(r *Record) error {
-		r.LastSeenAt = m.Now()
+		r.LastSeenAt = now
 		return nil
 	})
 	return err

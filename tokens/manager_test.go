@@ -732,3 +732,42 @@ func TestConcurrentLifecycle(t *testing.T) {
 		}
 	})
 }
+
+func TestTouchResolution(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, tokens.Config{}, func(t *testing.T, f *fixture) {
+		_, rec := f.paired(t, "")
+		seen := func() int64 {
+			r, err := f.m.Get(f.ctx, rec.TID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r.LastSeenAt
+		}
+		f.clock.Advance(5 * time.Second)
+		if err := f.m.Touch(f.ctx, rec.TID); err != nil {
+			t.Fatal(err)
+		}
+		first := seen()
+		if first != f.m.Now() {
+			t.Fatalf("Touch after 5 s: LastSeenAt %d, want now %d", first, f.m.Now())
+		}
+		f.clock.Advance(tokens.TouchResolution - time.Millisecond)
+		if err := f.m.Touch(f.ctx, rec.TID); err != nil {
+			t.Fatal(err)
+		}
+		if got := seen(); got != first {
+			t.Errorf("Touch within the resolution rewrote LastSeenAt: %d → %d", first, got)
+		}
+		f.clock.Advance(time.Millisecond)
+		if err := f.m.Touch(f.ctx, rec.TID); err != nil {
+			t.Fatal(err)
+		}
+		if got := seen(); got != f.m.Now() {
+			t.Errorf("Touch at the resolution: LastSeenAt %d, want %d", got, f.m.Now())
+		}
+		if err := f.m.Touch(f.ctx, "no-such-tid"); err == nil {
+			t.Error("Touch of an unknown tid must fail")
+		}
+	})
+}
