@@ -23,12 +23,10 @@
 package client
 
 import (
-	"crypto/sha256"
 	_ "embed"
-	"encoding/hex"
 	"net/http"
-	"strconv"
-	"strings"
+
+	"github.com/lapd-dev/lapd/internal/static"
 )
 
 //go:embed lapd.js
@@ -46,64 +44,12 @@ const (
 // Script returns a copy of the embedded lapd.js.
 func Script() []byte { return append([]byte(nil), lapdJS...) }
 
-type file struct {
-	body        []byte
-	etag        string
-	contentType string
-}
-
-func newFile(body []byte, contentType string) file {
-	sum := sha256.Sum256(body)
-	return file{body: body, etag: `"` + hex.EncodeToString(sum[:]) + `"`, contentType: contentType}
-}
-
-var files = map[string]file{
-	ScriptPath: newFile(lapdJS, "text/javascript; charset=utf-8"),
-	TypesPath:  newFile(lapdDTS, "application/typescript; charset=utf-8"),
-}
+var handler = static.Handler(map[string]static.File{
+	ScriptPath: static.NewFile(lapdJS, "text/javascript; charset=utf-8"),
+	TypesPath:  static.NewFile(lapdDTS, "application/typescript; charset=utf-8"),
+})
 
 // Handler serves ScriptPath (text/javascript) and TypesPath for GET and
 // HEAD: other paths get 404, other methods 405. If-None-Match with the current
 // ETag (or *) gets 304.
-func Handler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f, ok := files[r.URL.Path]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			w.Header().Set("Allow", "GET, HEAD")
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-			return
-		}
-		h := w.Header()
-		h.Set("ETag", f.etag)
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Content-Type-Options", "nosniff")
-		if etagMatches(r.Header.Get("If-None-Match"), f.etag) {
-			w.WriteHeader(http.StatusNotModified)
-			return
-		}
-		h.Set("Content-Type", f.contentType)
-		h.Set("Content-Length", strconv.Itoa(len(f.body)))
-		w.WriteHeader(http.StatusOK)
-		if r.Method == http.MethodGet {
-			_, _ = w.Write(f.body)
-		}
-	})
-}
-
-// etagMatches implements If-None-Match's weak comparison over a list.
-func etagMatches(header, etag string) bool {
-	if header == "" {
-		return false
-	}
-	for _, t := range strings.Split(header, ",") {
-		t = strings.TrimPrefix(strings.TrimSpace(t), "W/")
-		if t == "*" || t == etag {
-			return true
-		}
-	}
-	return false
-}
+func Handler() http.Handler { return handler }

@@ -20,16 +20,14 @@
 package examples
 
 import (
-	"crypto/sha256"
 	"embed"
-	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/lapd-dev/lapd/internal/static"
 )
 
 //go:embed taskboard/index.html taskboard/app.js taskboard/style.css
@@ -41,21 +39,14 @@ const SaveDelay = 150 * time.Millisecond
 // MaxSaveBytes bounds the board a save may carry.
 const MaxSaveBytes = 256 << 10
 
-type file struct {
-	body        []byte
-	etag        string
-	contentType string
-}
-
-var files = func() map[string]file {
-	m := map[string]file{}
+var files = func() map[string]static.File {
+	m := map[string]static.File{}
 	add := func(path, name, ctype string) {
 		b, err := taskboard.ReadFile("taskboard/" + name)
 		if err != nil {
 			panic("examples: missing embedded " + name)
 		}
-		sum := sha256.Sum256(b)
-		m[path] = file{body: b, etag: `"` + hex.EncodeToString(sum[:]) + `"`, contentType: ctype}
+		m[path] = static.NewFile(b, ctype)
 	}
 	add("/", "index.html", "text/html; charset=utf-8")
 	add("/index.html", "index.html", "text/html; charset=utf-8")
@@ -68,47 +59,7 @@ var files = func() map[string]file {
 // /style.css) for GET and HEAD, with a strong ETag (SHA-256), Cache-Control:
 // no-cache and 304 on If-None-Match. The page loads /agent/client.js, which
 // the client package serves.
-func Handler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f, ok := files[r.URL.Path]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			w.Header().Set("Allow", "GET, HEAD")
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-			return
-		}
-		h := w.Header()
-		h.Set("ETag", f.etag)
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Content-Type-Options", "nosniff")
-		if etagMatches(r.Header.Get("If-None-Match"), f.etag) {
-			w.WriteHeader(http.StatusNotModified)
-			return
-		}
-		h.Set("Content-Type", f.contentType)
-		h.Set("Content-Length", strconv.Itoa(len(f.body)))
-		w.WriteHeader(http.StatusOK)
-		if r.Method == http.MethodGet {
-			_, _ = w.Write(f.body)
-		}
-	})
-}
-
-func etagMatches(header, etag string) bool {
-	if header == "" {
-		return false
-	}
-	for _, t := range strings.Split(header, ",") {
-		t = strings.TrimPrefix(strings.TrimSpace(t), "W/")
-		if t == "*" || t == etag {
-			return true
-		}
-	}
-	return false
-}
+func Handler() http.Handler { return static.Handler(files) }
 
 // SaveHandler is the demo's POST /demo/save: it stores the JSON board it is
 // given in memory (one board per handler, at most MaxSaveBytes) and answers

@@ -32,7 +32,7 @@ func TestHandler(t *testing.T) {
 		{"app exposes the agent", "GET", "/app.js", "", 200, "text/javascript; charset=utf-8", `window.__lapd = agent`},
 		{"css", "GET", "/style.css", "", 200, "text/css; charset=utf-8", `.board`},
 		{"head", "HEAD", "/", "", 200, "text/html; charset=utf-8", ""},
-		{"not modified", "GET", "/", index.etag, 304, "", ""},
+		{"not modified", "GET", "/", index.ETag(), 304, "", ""},
 		{"stale etag", "GET", "/", `"nope"`, 200, "text/html; charset=utf-8", "Taskboard"},
 		{"unknown", "GET", "/secret", "", 404, "", ""},
 		{"embedded go file is not served", "GET", "/embed.go", "", 404, "", ""},
