@@ -1,12 +1,13 @@
 package audit
 
 import (
+	"github.com/lapd-dev/lapd/internal/sqlitedb"
+
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"strings"
 
@@ -58,17 +59,9 @@ func NewSQLiteSink(db *sql.DB) (*SQLiteSink, error) {
 // OpenSQLiteSink opens (or creates) the SQLite file at path in WAL mode with a
 // busy timeout and returns a sink whose Close closes the database.
 func OpenSQLiteSink(path string) (*SQLiteSink, error) {
-	q := url.Values{}
-	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "busy_timeout(5000)")
-	q.Add("_pragma", "synchronous(NORMAL)")
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	db, err := sqlitedb.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("audit: open %s: %w", path, err)
-	}
-	if err := db.Ping(); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+		return nil, fmt.Errorf("audit: %w", err)
 	}
 	s, err := NewSQLiteSink(db)
 	if err != nil {

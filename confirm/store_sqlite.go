@@ -1,10 +1,11 @@
 package confirm
 
 import (
+	"github.com/lapd-dev/lapd/internal/sqlitedb"
+
 	"context"
 	"database/sql"
 	"fmt"
-	"net/url"
 
 	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" driver
 )
@@ -44,17 +45,9 @@ func NewSQLiteStore(db *sql.DB) (*SQLiteStore, error) {
 // OpenSQLite opens (or creates) the SQLite file at path in WAL mode with a
 // busy timeout, and returns a store that closes the database on Close.
 func OpenSQLite(path string) (*SQLiteStore, error) {
-	q := url.Values{}
-	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "busy_timeout(5000)")
-	q.Add("_pragma", "synchronous(NORMAL)")
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	db, err := sqlitedb.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("confirm: open %s: %w", path, err)
-	}
-	if err := db.Ping(); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("confirm: open %s: %w", path, err)
+		return nil, fmt.Errorf("confirm: %w", err)
 	}
 	s, err := NewSQLiteStore(db)
 	if err != nil {

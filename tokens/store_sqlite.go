@@ -1,13 +1,14 @@
 package tokens
 
 import (
+	"github.com/lapd-dev/lapd/internal/sqlitedb"
+
 	"context"
 	"crypto/subtle"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"net/url"
 
 	"modernc.org/sqlite" // registers the pure-Go "sqlite" database/sql driver
 )
@@ -60,17 +61,9 @@ const recordColumns = `tid, token_hash, uid, status, created_at, expires_at, las
 // busy timeout, creates the tokens table, and returns a store whose Close
 // closes the database.
 func OpenSQLite(path string) (*SQLiteStore, error) {
-	q := url.Values{}
-	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "busy_timeout(5000)")
-	q.Add("_pragma", "synchronous(NORMAL)")
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	db, err := sqlitedb.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("tokens: open %s: %w", path, err)
-	}
-	if err := db.Ping(); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("tokens: open %s: %w", path, err)
+		return nil, fmt.Errorf("tokens: %w", err)
 	}
 	s, err := NewSQLiteStoreDB(db)
 	if err != nil {

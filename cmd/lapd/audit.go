@@ -2,21 +2,18 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"time"
 
-	_ "modernc.org/sqlite" // database/sql driver "sqlite"
-
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/sqlitedb"
 )
 
 // runAudit is `lapd audit`: print and filter audit entries from the SQLite
@@ -71,7 +68,7 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		if _, err := os.Stat(path); err != nil {
 			return fmt.Errorf("no audit database at %s (run lapd serve with --data-dir %s, or pass --file): %w", path, dataDir, err)
 		}
-		db, err := sql.Open("sqlite", "file:"+path+"?"+url.Values{"_pragma": {"busy_timeout(5000)"}}.Encode())
+		db, err := sqlitedb.Open(path)
 		if err != nil {
 			return err
 		}

@@ -20,6 +20,8 @@
 package app
 
 import (
+	"github.com/lapd-dev/lapd/internal/sqlitedb"
+
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -28,7 +30,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -203,18 +204,9 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 }
 
 func openDB(path string) (*sql.DB, error) {
-	q := url.Values{}
-	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "busy_timeout(5000)")
-	q.Add("_pragma", "synchronous(NORMAL)")
-	q.Add("_pragma", "foreign_keys(ON)")
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	db, err := sqlitedb.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("app: open %s: %w", path, err)
-	}
-	if err := db.Ping(); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("app: open %s: %w", path, err)
+		return nil, fmt.Errorf("app: %w", err)
 	}
 	return db, nil
 }

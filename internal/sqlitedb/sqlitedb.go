@@ -1,0 +1,33 @@
+// Package sqlitedb opens lapd's SQLite database file the one way every store
+// expects: the pure-Go modernc.org/sqlite driver (no cgo, so `go run` works on
+// a fresh machine), WAL journal (readers never block the writer), a busy
+// timeout (concurrent writers wait instead of failing) and synchronous=NORMAL
+// (durable across process crashes; the last transactions may be lost only on
+// power loss, which a grace-window token store can afford).
+package sqlitedb
+
+import (
+	"database/sql"
+	"fmt"
+	"net/url"
+
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+)
+
+// Open opens (or creates) the database at path and checks that it answers.
+func Open(path string) (*sql.DB, error) {
+	q := url.Values{}
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "busy_timeout(5000)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "foreign_keys(ON)")
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	if err := db.Ping(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	return db, nil
+}
