@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -142,46 +140,6 @@ func mcpBenchBinary(b *testing.B) string {
 func mcpBenchServer(b *testing.B, bin string) *server {
 	b.Helper()
 	dataDir := b.TempDir()
-	cmd := exec.Command(bin, "serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir,
+	return runServer(b, bin, dataDir, "--addr", "127.0.0.1:0", "--data-dir", dataDir,
 		"--log-level", "info", "--audit", "none", "--lap-rate", "1000000000", "--demo=false", "--store", mcpBenchStore())
-	cmd.Env = append(os.Environ(), "LAPD_ADDR=", "LAPD_DATA_DIR=")
-	s := &server{DataDir: dataDir, cmd: cmd, stderr: &syncBuffer{}, audit: &syncBuffer{}, done: make(chan struct{})}
-	cmd.Stdout = s.audit
-	pr, pw := io.Pipe()
-	cmd.Stderr = io.MultiWriter(s.stderr, pw)
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	urlc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			if m := listenRE.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case urlc <- m[1]:
-				default:
-				}
-			}
-		}
-	}()
-	go func() { cmd.Wait(); pw.Close(); close(s.done) }()
-	select {
-	case s.URL = <-urlc:
-	case <-s.done:
-		b.Fatalf("lapd serve exited before listening:\n%s", s.stderr.String())
-	case <-time.After(20 * time.Second):
-		cmd.Process.Kill()
-		<-s.done
-		b.Fatalf("lapd serve did not listen within 20s:\n%s", s.stderr.String())
-	}
-	b.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-s.done:
-		case <-time.After(15 * time.Second):
-			cmd.Process.Kill()
-			<-s.done
-		}
-	})
-	return s
 }

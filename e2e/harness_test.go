@@ -94,15 +94,23 @@ func startServer(t *testing.T, dataDir string, extra ...string) *server {
 	if dataDir == "" {
 		dataDir = t.TempDir()
 	}
-	args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir, "--log-level", "debug"}, extra...)
-	cmd := exec.Command(lapdBin, args...)
+	args := append([]string{"--addr", "127.0.0.1:0", "--data-dir", dataDir, "--log-level", "debug"}, extra...)
+	return runServer(t, lapdBin, dataDir, args...)
+}
+
+// runServer runs `bin serve args…` (args must name a port and keep the log
+// level at info or below: the "listening on" line gives the URL), waits until
+// it listens and stops it gracefully on cleanup.
+func runServer(tb testing.TB, bin, dataDir string, args ...string) *server {
+	tb.Helper()
+	cmd := exec.Command(bin, append([]string{"serve"}, args...)...)
 	cmd.Env = append(os.Environ(), "LAPD_ADDR=", "LAPD_DATA_DIR=")
 	s := &server{DataDir: dataDir, cmd: cmd, stderr: &syncBuffer{}, audit: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout = s.audit
 	pr, pw := io.Pipe()
 	cmd.Stderr = io.MultiWriter(s.stderr, pw)
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	urlc := make(chan string, 1)
 	go func() {
@@ -120,17 +128,18 @@ func startServer(t *testing.T, dataDir string, extra ...string) *server {
 	select {
 	case s.URL = <-urlc:
 	case <-s.done:
-		t.Fatalf("lapd serve exited before listening:\n%s", s.stderr.String())
+		tb.Fatalf("lapd serve exited before listening:\n%s", s.stderr.String())
 	case <-time.After(20 * time.Second):
 		cmd.Process.Kill()
-		t.Fatalf("lapd serve did not listen within 20s:\n%s", s.stderr.String())
+		<-s.done
+		tb.Fatalf("lapd serve did not listen within 20s:\n%s", s.stderr.String())
 	}
-	t.Cleanup(func() { s.stop(t) })
+	tb.Cleanup(func() { s.stop(tb) })
 	return s
 }
 
 // stop sends SIGTERM and waits for a graceful exit.
-func (s *server) stop(t *testing.T) {
+func (s *server) stop(t testing.TB) {
 	t.Helper()
 	select {
 	case <-s.done:
