@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/pairing"
@@ -197,6 +198,16 @@ func (s *Server) paused(ctx context.Context, tid string) *apiError {
 		e.retryAfterS = 5
 	}
 	return e
+}
+
+// rpc calls tool on the tab (timeout 0 = the registry's default) and maps a
+// failure to the wire.
+func (c *call) rpc(tool string, args any, timeout time.Duration) (json.RawMessage, *apiError) {
+	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, tool, args, timeout)
+	if err != nil {
+		return nil, c.rpcErr(err)
+	}
+	return res, nil
 }
 
 // rpcErr maps a Registry error to the wire.

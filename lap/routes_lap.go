@@ -41,9 +41,9 @@ var emptyArgs = json.RawMessage(`{}`)
 // forward is a route that is one RPC with no arguments; the result passes through.
 func forward(tool string) lapHandler {
 	return func(c *call) (any, *apiError) {
-		res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, tool, emptyArgs, 0)
-		if err != nil {
-			return nil, c.rpcErr(err)
+		res, ae := c.rpc(tool, emptyArgs, 0)
+		if ae != nil {
+			return nil, ae
 		}
 		c.audit = map[string]any{"tool": tool}
 		return res, nil
@@ -132,9 +132,9 @@ func routeObserve(c *call) (any, *apiError) {
 	if !ok {
 		return nil, c.s.paused(c.ctx, c.tid)
 	}
-	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, "observe", emptyArgs, 0)
-	if err != nil {
-		return nil, c.rpcErr(err)
+	res, ae := c.rpc("observe", emptyArgs, 0)
+	if ae != nil {
+		return nil, ae
 	}
 	c.audit = map[string]any{"tool": "observe"}
 	return observeResp{result: res, desc: c.s.descs.get(c.tid, h), health: c.s.cfg.Registry.Health(c.tid)}, nil
@@ -152,9 +152,9 @@ func routeState(c *call) (any, *apiError) {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, "path must be a string")
 	}
 	args, _ := json.Marshal(map[string]string{"path": path})
-	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, "get_state", json.RawMessage(args), 0)
-	if err != nil {
-		return nil, c.rpcErr(err)
+	res, ae := c.rpc("get_state", json.RawMessage(args), 0)
+	if ae != nil {
+		return nil, ae
 	}
 	c.audit = map[string]any{"tool": "get_state", "path": path}
 	return res, nil
@@ -168,9 +168,9 @@ func routeQueryState(c *call) (any, *apiError) {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, "path required (a JSON Pointer string)")
 	}
 	args, _ := json.Marshal(map[string]string{"path": path})
-	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, "query_state", json.RawMessage(args), 0)
-	if err != nil {
-		return nil, c.rpcErr(err)
+	res, ae := c.rpc("query_state", json.RawMessage(args), 0)
+	if ae != nil {
+		return nil, ae
 	}
 	c.audit = map[string]any{"tool": "query_state", "path": path}
 	return res, nil
@@ -188,9 +188,9 @@ func routeQueryDOM(c *call) (any, *apiError) {
 	}
 	multiple := truthy(b.Multiple)
 	args, _ := json.Marshal(map[string]any{"name": name, "multiple": multiple})
-	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, "query_dom", json.RawMessage(args), 0)
-	if err != nil {
-		return nil, c.rpcErr(err)
+	res, ae := c.rpc("query_dom", json.RawMessage(args), 0)
+	if ae != nil {
+		return nil, ae
 	}
 	c.audit = map[string]any{"tool": "query_dom", "name": name}
 	return res, nil

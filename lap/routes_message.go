@@ -150,9 +150,9 @@ func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
 	if err != nil {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, err.Error())
 	}
-	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, "send_message", json.RawMessage(rawArgs), wait+time.Second)
-	if err != nil {
-		return nil, c.rpcErr(err)
+	res, ae := c.rpc("send_message", json.RawMessage(rawArgs), wait+time.Second)
+	if ae != nil {
+		return nil, ae
 	}
 	var out struct {
 		Status    string `json:"status"`
@@ -264,9 +264,9 @@ func routeWouldDispatch(c *call) (any, *apiError) {
 		return rej, nil
 	}
 	args, _ := json.Marshal(map[string]json.RawMessage{"msg": b.Msg})
-	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, "would_dispatch", json.RawMessage(args), 0)
-	if err != nil {
-		return nil, c.rpcErr(err)
+	res, ae := c.rpc("would_dispatch", json.RawMessage(args), 0)
+	if ae != nil {
+		return nil, ae
 	}
 	return res, nil
 }
