@@ -25,6 +25,13 @@ type Binding struct {
 	SchemaHash string    // last seen description.schemaHash
 	CreatedAt  time.Time // bind time
 	LastUsed   time.Time // last tool call that used it
+
+	// What the model was last shown through this binding (lean.go): the
+	// action list (shownSet false = never, or too large to remember) and the
+	// payload signatures of the app's messages.
+	shown    []leanAction
+	shownSet bool
+	sigs     map[string]string
 }
 
 // BindingSummary is what the model may see about a binding (no token).

@@ -32,9 +32,11 @@ func mountExtras(a *app.App, c serveConfig, log *slog.Logger) (func(context.Cont
 	if !c.MCP {
 		return func(context.Context) error { return nil }, nil
 	}
+	tools, _ := mcp.ParseToolSet(c.Tools) // checked by parseServeFlags
 	h, err := mcp.NewHTTPHandler(mcp.HTTPConfig{
 		Config: mcp.Config{
 			Client:  a.LAP.Client(),
+			Tools:   tools,
 			Logger:  log.With("component", "mcp"),
 			Name:    "lapd",
 			Version: lapdVersion(),
@@ -52,9 +54,10 @@ func mountExtras(a *app.App, c serveConfig, log *slog.Logger) (func(context.Cont
 // runMCP is `lapd mcp`: the stdio MCP bridge. stdout carries only MCP
 // messages; logs go to stderr.
 func runMCP(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, env func(string) string) error {
-	var url, level string
+	var url, level, toolSet string
 	var readBudget time.Duration
 	fs := newFlagSet("lapd mcp", stderr, env)
+	fs.String(&toolSet, "tools", "core", "MCP tools listed: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
 	fs.String(&url, "url", "", "default LAP base URL for connect_session when the model passes only a token (e.g. http://127.0.0.1:8787/agent/lap/v1)")
 	fs.String(&level, "log-level", "warn", "debug, info, warn, error (logs go to stderr)")
 	fs.Duration(&readBudget, "read-budget", 20*time.Second, "time budget of a read tool call")
@@ -71,8 +74,13 @@ func runMCP(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if readBudget <= 0 {
 		return usageError{"--read-budget must be positive"}
 	}
+	tools, err := mcp.ParseToolSet(toolSet)
+	if err != nil {
+		return usageError{"--" + err.Error()}
+	}
 	cfg := mcp.Config{
 		Client:  lap.NewHTTPClient(&http.Client{}),
+		Tools:   tools,
 		Logger:  log,
 		Name:    "lapd",
 		Version: lapdVersion(),

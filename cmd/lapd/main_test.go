@@ -43,6 +43,7 @@ func TestServeFlagsRefuseBadInput(t *testing.T) {
 		{[]string{"--store", "redis"}, nil, "--store must be sqlite or memory"},
 		{[]string{"--allow-anonymous", "maybe"}, nil, "--allow-anonymous must be"},
 		{[]string{"--lap-rate", "0"}, nil, "must be positive"},
+		{[]string{"--tools", "most"}, nil, "--tools must be core or all"},
 		{nil, map[string]string{"LAPD_GRACE": "soon"}, "LAPD_GRACE"},
 		{[]string{"extra"}, nil, "unexpected argument"},
 		{[]string{"--nope"}, nil, "flag provided but not defined"},

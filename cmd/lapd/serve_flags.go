@@ -5,6 +5,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/lapd-dev/lapd/mcp"
 )
 
 // serveConfig is everything `lapd serve` can be told.
@@ -28,6 +30,7 @@ type serveConfig struct {
 	LogFormat       string
 	Demo            bool
 	MCP             bool
+	Tools           string
 	ShutdownTimeout time.Duration
 
 	IdentityCookie    string
@@ -63,6 +66,7 @@ func parseServeFlags(args []string, stderr io.Writer, env func(string) string) (
 	fs.String(&c.LogFormat, "log-format", "text", "text or json (logs go to stderr)")
 	fs.Bool(&c.Demo, "demo", true, "serve the demo app at /")
 	fs.Bool(&c.MCP, "mcp", true, "serve the MCP Streamable HTTP endpoint at /agent/mcp")
+	fs.String(&c.Tools, "tools", "core", "MCP tools listed at /agent/mcp: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
 	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.String(&c.IdentityCookie, "identity-cookie", "", "name of a signed cookie <uid>.<base64url(HMAC-SHA256(key, uid))> that names the user for mint")
 	fs.String(&c.IdentityCookieKey, "identity-cookie-key", "", "HMAC key for --identity-cookie (at least 32 characters)")
@@ -88,6 +92,9 @@ func parseServeFlags(args []string, stderr io.Writer, env func(string) string) (
 	}
 	if c.LAPRate <= 0 || c.MintRate <= 0 {
 		return c, usageError{"--lap-rate and --mint-rate must be positive"}
+	}
+	if _, err := mcp.ParseToolSet(c.Tools); err != nil {
+		return c, usageError{"--" + err.Error()}
 	}
 	return c, nil
 }
