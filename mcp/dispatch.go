@@ -64,6 +64,7 @@ func (e *Executor) sendMessage(ctx context.Context, d toolDef, a args, b Binding
 	approval := a.ms("approvalTimeoutMs", e.cfg.Budgets.ApprovalTimeout)
 	common["approvalTimeoutMs"] = approval.Milliseconds()
 	budget := e.budget(d, a)
+	retryWithin := a.ms("timeoutMs", e.cfg.Budgets.MessageTimeout) + e.cfg.Budgets.Slack
 	outs := make([]outcome, 0, len(msgs))
 	for i, m := range msgs {
 		body := maps.Clone(common)
@@ -78,7 +79,7 @@ func (e *Executor) sendMessage(ctx context.Context, d toolDef, a args, b Binding
 		} else {
 			p.Set("dispatching " + variant + " and waiting for its effects to settle…")
 		}
-		raw, err := e.call(ctx, b, "/message", body, budget, p)
+		raw, err := e.callRetryWithin(ctx, b, "/message", body, budget, retryWithin, p)
 		if err != nil {
 			return nil, e.dispatchFailed(err, b, key, batch, len(msgs), outs)
 		}

@@ -369,6 +369,14 @@ func (e *Executor) budget(d toolDef, a args) time.Duration {
 // and 429 after their Retry-After when the wait fits the remaining budget.
 // body is sent unchanged on every attempt (so an idempotencyKey is reused).
 func (e *Executor) call(ctx context.Context, b Binding, route string, body any, budget time.Duration, p *progress) (json.RawMessage, error) {
+	return e.callRetryWithin(ctx, b, route, body, budget, budget, p)
+}
+
+// callRetryWithin is call whose retries must also end within retryWithin of
+// the start: send_message's budget includes the time a human may take to
+// approve, which is no reason to wait longer for a rate limit.
+func (e *Executor) callRetryWithin(ctx context.Context, b Binding, route string, body any, budget, retryWithin time.Duration, p *progress) (json.RawMessage, error) {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
@@ -389,7 +397,7 @@ func (e *Executor) call(ctx context.Context, b Binding, route string, body any, 
 			return nil, le
 		}
 		wait, why, ok := retryable(le)
-		if !ok || attempt >= e.cfg.MaxRetries || time.Until(deadline) < wait {
+		if !ok || attempt >= e.cfg.MaxRetries || time.Until(deadline) < wait || time.Since(start)+wait > retryWithin {
 			return nil, le
 		}
 		e.log.Debug("mcp: retrying LAP call", "route", route, "code", le.Code, "wait", wait, "attempt", attempt+1)
@@ -573,6 +581,8 @@ func (e *Executor) forward(ctx context.Context, d toolDef, a args, b Binding, p 
 		if a.verbose() {
 			withFields(o, raw)
 		} else {
+			o.str("appName", ob.name)
+			o.str("appVersion", ob.version)
 			e.renderObservation(o, ob, false)
 		}
 		e.remember(b.Handle, ob)

@@ -95,7 +95,7 @@ func members(b []byte) (out []member, ok bool) {
 	}
 	i = skipWS(b, i+1)
 	if i < len(b) && b[i] == '}' {
-		return out, skipWS(b, i+1) == len(b)
+		return nil, skipWS(b, i+1) == len(b)
 	}
 	for {
 		if i >= len(b) || b[i] != '"' {
@@ -127,7 +127,10 @@ func members(b []byte) (out []member, ok bool) {
 		case ',':
 			i = skipWS(b, i+1)
 		case '}':
-			return out, skipWS(b, i+1) == len(b)
+			if skipWS(b, i+1) != len(b) {
+				return nil, false
+			}
+			return out, true
 		default:
 			return nil, false
 		}
@@ -142,7 +145,7 @@ func elements(b []byte) (out [][]byte, ok bool) {
 	}
 	i = skipWS(b, i+1)
 	if i < len(b) && b[i] == ']' {
-		return out, skipWS(b, i+1) == len(b)
+		return nil, skipWS(b, i+1) == len(b)
 	}
 	for {
 		j, ok := skipValue(b, i)
@@ -158,7 +161,10 @@ func elements(b []byte) (out [][]byte, ok bool) {
 		case ',':
 			i = skipWS(b, i+1)
 		case ']':
-			return out, skipWS(b, i+1) == len(b)
+			if skipWS(b, i+1) != len(b) {
+				return nil, false
+			}
+			return out, true
 		default:
 			return nil, false
 		}

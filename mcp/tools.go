@@ -198,7 +198,7 @@ func catalogue(mode Mode) []toolDef {
 				"connect_session and send_message results already keep you current; call this when you need the whole state again or suspect the user changed things.",
 			readOnly: true, idempotent: true,
 			props: []prop{verboseProp},
-			out: append(append([]prop{}, observeOut...),
+			out: append(append([]prop{out("appName", "string", "The app's name."), out("appVersion", "string", "The app's version.")}, observeOut...),
 				out("schemaChanged", "boolean", "true when the app's message schema changed since the last look at this session."),
 				out("schemaChangedNote", "string", "What to do about the change.")),
 			route: "/observe",
