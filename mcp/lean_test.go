@@ -218,10 +218,10 @@ func TestHealthWrong(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]bool{
 		`{"connected":true,"visible":true,"reconnects":3}`: false,
-		`{"connected":true}`:                  false,
-		`{"connected":false}`:                 true,
-		`{"connected":true,"visible":false}`:  true,
-		`{}`:                                  true,
+		`{"connected":true}`:                 false,
+		`{"connected":false}`:                true,
+		`{"connected":true,"visible":false}`: true,
+		`{}`:                                 true,
 	} {
 		if got := healthWrong([]byte(in)); got != want {
 			t.Errorf("healthWrong(%s) = %v", in, got)
