@@ -1,12 +1,17 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +19,7 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/lapd-dev/lapd/internal/faketab"
 	"github.com/lapd-dev/lapd/lap"
 )
 
@@ -22,6 +28,8 @@ import (
 //
 //	LAP    POST /agent/lap/v1/observe with lap.NewHTTPClient (the floor)
 //	HTTP   the observe tool over /agent/mcp (Streamable HTTP, mcp-go client)
+//	HTTPRaw the same call as one plain JSON-RPC POST whose response is read
+//	       as bytes, as the LAP client reads its: the server's share alone
 //	Stdio  the observe tool through a `lapd mcp` child process (stdio),
 //	       which itself calls LAP over HTTP
 //
@@ -31,13 +39,34 @@ import (
 //
 //	taskset -c 0 go test ./e2e -run '^$' -bench MCP -benchtime 2000x
 //
+// It runs twice: with the fake tab's demo state (a ~1.5 KB observation)
+// and with 10 KiB of state (the load tool's size).
 // LAPD_BENCH_STORE=memory runs the server with the memory token store.
 // The LAP client returns the body as raw bytes while mcp-go's client decodes
-// the whole CallToolResult, so the MCP figures include that decoding too.
+// the whole CallToolResult, so the HTTP and Stdio figures include that
+// decoding too; HTTPRaw does not.
 func BenchmarkMCP(b *testing.B) {
 	bin := mcpBenchBinary(b)
 	s := mcpBenchServer(b, bin)
-	_, m := mcpTab(b, s)
+	b.Run("demo", func(b *testing.B) { mcpBenchObserve(b, bin, s) })
+	b.Run("10KiB", func(b *testing.B) { mcpBenchObserve(b, bin, s, faketab.WithState(mcpBenchState(10<<10))) })
+}
+
+// mcpBenchState is a task-board state of about n bytes of JSON.
+func mcpBenchState(n int) map[string]any {
+	var tasks []any
+	size := 60
+	for i := 1; size < n; i++ {
+		t := map[string]any{"id": float64(i), "title": "Task number " + strconv.Itoa(i) + ": write the quarterly report draft", "column": "todo", "done": false}
+		raw, _ := json.Marshal(t)
+		size += len(raw) + 1
+		tasks = append(tasks, t)
+	}
+	return map[string]any{"count": 0.0, "todos": tasks}
+}
+
+func mcpBenchObserve(b *testing.B, bin string, s *server, opts ...faketab.Option) {
+	_, m := mcpTab(b, s, opts...)
 	ctx := context.Background()
 	p50 := map[string]float64{}
 
@@ -65,14 +94,49 @@ func BenchmarkMCP(b *testing.B) {
 		h, _ := mcpConnect(b, c, m)
 		p50["HTTP"] = mcpMeasure(b, observe(c, h))
 	})
+	b.Run("HTTPRaw", func(b *testing.B) {
+		c := mcpDialHTTP(b, s, true) // legacy: the MCP session id is all a raw call needs
+		h, _ := mcpConnect(b, c, m)
+		p50["HTTPRaw"] = mcpMeasure(b, mcpRawCall(b, s.URL+"/agent/mcp", c.GetSessionId(), `{"name":"observe","arguments":{"session":"`+h+`"}}`))
+	})
 	b.Run("Stdio", func(b *testing.B) {
 		c := mcpDialStdioBin(b, bin, s)
 		h, _ := mcpConnect(b, c, m)
 		p50["Stdio"] = mcpMeasure(b, observe(c, h))
 	})
 	if p50["LAP"] > 0 {
-		b.Logf("p50 µs: LAP %.0f, MCP HTTP %.0f (%.2f× LAP), MCP stdio %.0f (%.2f× LAP)",
-			p50["LAP"], p50["HTTP"], p50["HTTP"]/p50["LAP"], p50["Stdio"], p50["Stdio"]/p50["LAP"])
+		b.Logf("p50 µs: LAP %.0f, MCP HTTP %.0f (%.2f× LAP), raw %.0f (%.2f× LAP), MCP stdio %.0f (%.2f× LAP)",
+			p50["LAP"], p50["HTTP"], p50["HTTP"]/p50["LAP"], p50["HTTPRaw"], p50["HTTPRaw"]/p50["LAP"], p50["Stdio"], p50["Stdio"]/p50["LAP"])
+	}
+}
+
+// mcpRawCall returns an op that POSTs one tools/call (params as given) on a
+// legacy MCP session and reads the response as bytes, checking only that it
+// is a result and not an error.
+func mcpRawCall(b *testing.B, url, session, params string) func() error {
+	hc := &http.Client{}
+	var id int
+	return func() error {
+		id++
+		body := `{"jsonrpc":"2.0","id":` + strconv.Itoa(id) + `,"method":"tools/call","params":` + params + `}`
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("MCP-Protocol-Version", mcpgo.ProtocolVersion20251125)
+		req.Header.Set("Mcp-Session-Id", session)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		raw, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK || !bytes.Contains(raw, []byte(`"result":`)) || bytes.Contains(raw, []byte(`"isError":true`)) {
+			b.Fatalf("raw tools/call: %d %.300s", resp.StatusCode, raw)
+		}
+		return nil
 	}
 }
 

@@ -230,22 +230,12 @@ func (e *Executor) renderDispatch(b Binding, batch bool, n int, outs []outcome, 
 		o.raw("stateDiff", encodePatch(nil, ops))
 	}
 	for i := len(outs) - 1; i >= 0; i-- {
-		acts := get(outs[i].ms, "actions")
-		if acts == nil {
-			continue
-		}
-		if as, ok := leanActionList(acts, b.sigs); ok {
-			delta, full := e.actionsUpdate(b.Handle, as)
-			switch {
-			case full:
-				o.raw("actions", encodeActions(nil, as))
-			case delta != nil:
-				o.raw("actionsChanged", delta)
+		if acts := get(outs[i].ms, "actions"); acts != nil {
+			if k, v := e.actionsUpdate(b, acts); k != "" {
+				o.raw(k, v)
 			}
-		} else {
-			o.raw("actions", acts)
+			break
 		}
-		break
 	}
 	if next := dispatchNext(outs, batch, n, approval, after != nil && !asked && len(ops) > 0); next != "" {
 		o.str("next", next)
@@ -340,7 +330,7 @@ func (e *Executor) renderVerbose(b Binding, key string, batch bool, n int, outs 
 	for i := len(outs) - 1; i >= 0; i-- {
 		if acts := get(outs[i].ms, "actions"); acts != nil {
 			if as, ok := leanActionList(acts, b.sigs); ok {
-				e.rememberActions(b.Handle, as)
+				e.rememberActions(b.Handle, acts, as)
 			}
 			break
 		}

@@ -259,3 +259,25 @@ func TestSendMessageRetriesWithinDrainBudget(t *testing.T) {
 		t.Fatalf("no key to retry with: %s", mcpJSON(out.SC))
 	}
 }
+
+// The rendered action list is reused while the app sends the same bytes,
+// and redone when its message schemas change (the payload signatures with
+// them) even if the list itself did not.
+func TestRenderCacheFollowsMessages(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	msgs := `{"variants":{"addTodo":{"title":"string"}}}`
+	h.lap.on("/observe", func(int, fakeCall) (any, error) {
+		return json.RawMessage(`{"state":{},"actions":[{"variant":"addTodo"}],"description":{"name":"T","messages":` + msgs + `}}`), nil
+	})
+	h.connect(tokA)
+	for i, want := range []string{"{title: string}", "{title: string}", "{title: string, n?: number}"} {
+		if i == 2 {
+			msgs = `{"variants":{"addTodo":{"title":"string","n":{"type":"number","optional":true}}}}`
+		}
+		o := h.call("observe", nil)
+		if got := mcpPathAny(o.SC["actions"].([]any)[0], "payload"); got != want {
+			t.Fatalf("observe %d: payload %v, want %q", i, got, want)
+		}
+	}
+}

@@ -339,7 +339,7 @@ func (e *Executor) handle(ctx context.Context, d toolDef, req mcpgo.CallToolRequ
 	if err != nil {
 		return fromLAP(err, "").result()
 	}
-	return res
+	return finish(ctx, res)
 }
 
 func (e *Executor) resolve(ctx context.Context, a args) (Binding, error) {
@@ -425,10 +425,10 @@ func retryable(le *lap.Error) (time.Duration, string, bool) {
 	return 0, "", false
 }
 
-// result is a success: structuredContent and its text copy are the same
-// bytes, encoded once.
+// result is a success: structuredContent is b, and its text copy is the
+// same bytes (added by finish, which handle calls on every result).
 func result(b []byte) *mcpgo.CallToolResult {
-	return mcpgo.NewToolResultStructured(json.RawMessage(b), string(b))
+	return &mcpgo.CallToolResult{StructuredContent: json.RawMessage(b)}
 }
 
 var errUnexpected = &toolError{Code: "internal", Hint: "lapd returned an unexpected response; call observe and retry once."}
@@ -488,7 +488,7 @@ func (e *Executor) connect(ctx context.Context, a args, p *progress) (*mcpgo.Cal
 		e.bindings.Remove(b.Handle)
 		return nil, err
 	}
-	ob, ok := parseObservation(raw)
+	ob, ok := parseObservation(raw, Binding{})
 	if !ok {
 		e.bindings.Remove(b.Handle)
 		return nil, errUnexpected
@@ -573,7 +573,7 @@ func (e *Executor) forward(ctx context.Context, d toolDef, a args, b Binding, p 
 	}
 	switch d.name {
 	case "observe":
-		ob, ok := parseObservation(raw)
+		ob, ok := parseObservation(raw, b)
 		if !ok {
 			return nil, errUnexpected
 		}
@@ -603,11 +603,12 @@ func (e *Executor) forward(ctx context.Context, d toolDef, a args, b Binding, p 
 		if !ok {
 			break
 		}
-		as, ok := leanActionList(get(ms, "actions"), e.sigsFor(b))
+		acts := get(ms, "actions")
+		as, ok := leanActionList(acts, b.sigs)
 		if !ok {
 			break
 		}
-		e.rememberActions(b.Handle, as)
+		e.rememberActions(b.Handle, acts, as)
 		o := newObj(nil)
 		o.raw("actions", encodeActions(nil, as))
 		return result(o.close()), nil

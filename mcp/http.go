@@ -60,6 +60,7 @@ type HTTPHandler struct {
 	exec     *Executor
 	mcp      *mcpserver.StreamableHTTPServer
 	sessions *sessionTable
+	splice   bool // encode results once (splice.go)
 
 	ipMu sync.Mutex
 	ips  map[string]*rate.Limiter
@@ -99,7 +100,7 @@ func NewHTTPHandler(cfg HTTPConfig) (*HTTPHandler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	h := &HTTPHandler{cfg: cfg, ips: map[string]*rate.Limiter{}}
+	h := &HTTPHandler{cfg: cfg, ips: map[string]*rate.Limiter{}, splice: spliceable()}
 	ec := cfg.Config
 	ec.Mode = ModeEndpoint
 	if ec.Bindings.Now == nil {
@@ -212,6 +213,11 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(mcpserver.HeaderKeySessionID) == "" && isInitialize(body) && !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) {
 			h.allocate(w, r)
 			return
+		}
+		if h.splice {
+			sp := &splicer{}
+			w = &spliceWriter{ResponseWriter: w, sp: sp}
+			r = r.WithContext(withSplicer(r.Context(), sp))
 		}
 	} else if r.Method == http.MethodGet && r.Header.Get(mcpserver.HeaderKeySessionID) == "" && !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) {
 		w.Header().Set("Content-Type", "application/json")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
+	"unicode/utf8"
 )
 
 // This file holds the few JSON primitives the lean renderer needs: split an
@@ -34,16 +35,24 @@ func skipWS(b []byte, i int) int {
 }
 
 // skipString returns the index after the string starting at b[i] == '"'.
+// It jumps from quote to quote (bytes.IndexByte is vectorised); a quote
+// preceded by an odd number of backslashes is escaped.
 func skipString(b []byte, i int) (int, bool) {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1, true
+	for j := i + 1; ; {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return 0, false
 		}
+		q := j + k
+		n := 0
+		for p := q - 1; p > i && b[p] == '\\'; p-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1, true
+		}
+		j = q + 1
 	}
-	return 0, false
 }
 
 // skipValue returns the index after the value starting at b[i].
@@ -261,13 +270,68 @@ func (o *objw) int(k string, v int64) {
 
 func (o *objw) close() []byte { return append(o.b, '}') }
 
-// appendString appends v as a JSON string, as encoding/json would but
-// without its HTML escaping (results are read by models and clients, never
-// embedded in HTML).
-func appendString(b []byte, v string) []byte {
-	var buf bytes.Buffer
-	e := json.NewEncoder(&buf)
-	e.SetEscapeHTML(false)
-	_ = e.Encode(v) // a string always encodes
-	return append(b, buf.Bytes()[:buf.Len()-1]...)
+// appendString appends v as a JSON string.
+func appendString(b []byte, v string) []byte { return appendJSONString(b, v) }
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends src as a JSON string literal, as encoding/json
+// would but without its HTML escaping (results are read by models and
+// clients, never embedded in HTML): quotes, backslashes and control
+// characters are escaped, U+2028 and U+2029 too, and each byte of invalid
+// UTF-8 becomes U+FFFD. It copies runs of plain bytes at once, which is what
+// makes the text copy of a large result cheap.
+func appendJSONString[T string | []byte](b []byte, src T) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(src); {
+		c := src[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, src[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		var r rune
+		var size int
+		switch s := any(src).(type) {
+		case string:
+			r, size = utf8.DecodeRuneInString(s[i:])
+		case []byte:
+			r, size = utf8.DecodeRune(s[i:])
+		}
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, src[start:i]...)
+			b = append(b, `\ufffd`...)
+			i++
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, src[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, src[start:]...)
+	return append(b, '"')
 }

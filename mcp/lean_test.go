@@ -228,3 +228,26 @@ func TestHealthWrong(t *testing.T) {
 		}
 	}
 }
+
+// FuzzAppendJSONString: the escaper's output decodes to what
+// encoding/json's encoding of the same string decodes to.
+func FuzzAppendJSONString(f *testing.F) {
+	for _, s := range []string{"", "plain", `q"b\s`, "ctl\x00\x1f\n\r\t", "é€😀", "bad\xff\xfe utf8", "\u2028\u2029", "<&>"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ours := appendJSONString(nil, s)
+		theirs, _ := json.Marshal(s)
+		var a, b string
+		if err := json.Unmarshal(ours, &a); err != nil {
+			t.Fatalf("%q: our encoding %q does not decode: %v", s, ours, err)
+		}
+		_ = json.Unmarshal(theirs, &b)
+		if a != b {
+			t.Fatalf("%q: ours decodes to %q, encoding/json's to %q", s, a, b)
+		}
+		if !json.Valid(appendJSONString(nil, []byte(s))) {
+			t.Fatalf("%q: the []byte form is not valid JSON", s)
+		}
+	})
+}
