@@ -65,6 +65,9 @@ func TestEconomy(t *testing.T) {
 			fmt.Fprintf(&tb, "  %-18s %-34s text %5d B  sc %5d B\n", c.tool, c.what, c.text, c.sc)
 		}
 	}
+	for _, r := range runs {
+		fmt.Fprintf(&tb, "\n%s/%s: the same text with unquoted keys (JSON5 style) would be %d B (%.0f%% less)", r.transport, r.script, r.ec.terse(), 100-100*float64(r.ec.terse())/float64(r.ec.text()))
+	}
 	t.Logf("economy\n%s", tb.String())
 
 	// Targets (issue 9).
@@ -93,6 +96,7 @@ func TestEconomy(t *testing.T) {
 type economyCall struct {
 	tool, what string
 	text, sc   int
+	terse      int // the text with unquoted keys (JSON5 style), for comparison
 }
 
 type economy struct {
@@ -106,6 +110,20 @@ func (e economy) text() (n int) {
 	}
 	return n
 }
+
+func (e economy) terse() (n int) {
+	for _, c := range e.calls {
+		n += c.terse
+	}
+	return n
+}
+
+// economyKeyRE finds object keys that are identifiers (a quote inside a
+// string is escaped in compact JSON, so `{"` and `,"` only start keys).
+var economyKeyRE = regexp.MustCompile(`([{,])"([A-Za-z_$][A-Za-z0-9_$]*)":`)
+
+// economyTerse is a terser text form for comparison: JSON with unquoted keys.
+func economyTerse(s string) string { return economyKeyRE.ReplaceAllString(s, "$1$2:") }
 
 func (e economy) sc() (n int) {
 	for _, c := range e.calls {
@@ -132,7 +150,7 @@ func (m *economyModel) call(tool, what string, args map[string]any) browserToolR
 		args["session"] = m.session
 	}
 	r := browserCall(m.t, m.mc, tool, args)
-	m.ec.calls = append(m.ec.calls, economyCall{tool: tool, what: what, text: len(r.Text), sc: len(r.Raw)})
+	m.ec.calls = append(m.ec.calls, economyCall{tool: tool, what: what, text: len(r.Text), sc: len(r.Raw), terse: len(economyTerse(r.Text))})
 	if m.dump {
 		m.t.Logf("%s %s →\n%s", tool, what, r.Text)
 	}
@@ -239,7 +257,7 @@ func economyScript(t *testing.T, tab *browserTab, m *economyModel, line string) 
 	tab.waitJS(`!!`+approve, 10*time.Second)
 	tab.click(approve)
 	r = <-done
-	m.ec.calls = append(m.ec.calls, economyCall{tool: "send_message", what: "clearAll (human approves)", text: len(r.Text), sc: len(r.Raw)})
+	m.ec.calls = append(m.ec.calls, economyCall{tool: "send_message", what: "clearAll (human approves)", text: len(r.Text), sc: len(r.Raw), terse: len(economyTerse(r.Text))})
 	if m.dump {
 		t.Logf("send_message clearAll →\n%s", r.Text)
 	}
