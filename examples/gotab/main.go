@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 )
 
 func main() {
@@ -48,11 +48,11 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	tab, err := faketab.Dial(ctx, u.String(), *token,
-		faketab.WithAppName("gotab"),
-		faketab.WithActions(faketab.DemoActions()...),
-		faketab.WithPolicy(faketab.DemoPolicy()),
-		faketab.WithState(map[string]any{"count": 0, "todos": []any{}}))
+	tab, err := lapdtest.Dial(ctx, u.String(), *token,
+		lapdtest.WithAppName("gotab"),
+		lapdtest.WithActions(lapdtest.DemoActions()...),
+		lapdtest.WithPolicy(lapdtest.DemoPolicy()),
+		lapdtest.WithState(map[string]any{"count": 0, "todos": []any{}}))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gotab:", err)
 		os.Exit(1)

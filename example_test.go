@@ -1,4 +1,4 @@
-package app_test
+package lapd_test
 
 import (
 	"context"
@@ -8,18 +8,18 @@ import (
 	"net/http/httptest"
 	"time"
 
-	"github.com/lapd-dev/lapd/internal/app"
+	"github.com/lapd-dev/lapd"
 )
 
 // A whole lapd (memory stores) on a test server: mint a token, check health,
 // shut down gracefully.
 func ExampleNew() {
 	ctx := context.Background()
-	a, err := app.New(ctx, app.Config{AllowAnonymous: true})
+	a, err := lapd.New(ctx, lapd.Config{AllowAnonymous: true})
 	if err != nil {
 		panic(err)
 	}
-	srv := httptest.NewServer(a.Mux)
+	srv := httptest.NewServer(a.Handler())
 	defer srv.Close()
 
 	res, _ := http.Get(srv.URL + "/healthz")

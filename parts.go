@@ -1,0 +1,97 @@
+package lapd
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/confirm"
+	"github.com/lapd-dev/lapd/internal/sqlitedb"
+	"github.com/lapd-dev/lapd/tokens"
+)
+
+// This file is the one place where Config chooses implementations.
+
+// openStores returns the token and approval stores named by cfg.Store and
+// cfg.DataDir, opening lapd.db for the sqlite store. The token store is
+// closed by Shutdown (tokens.Manager does not own it).
+func (s *Server) openStores(cfg Config) (tokens.Store, confirm.Store, error) {
+	store := cfg.Store
+	if store == "" {
+		store = "sqlite"
+		if cfg.DataDir == "" {
+			store = "memory"
+		}
+	}
+	var tstore tokens.Store
+	var cstore confirm.Store
+	switch store {
+	case "sqlite":
+		if cfg.DataDir == "" {
+			return nil, nil, errors.New("lapd: the sqlite store needs a DataDir")
+		}
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, nil, fmt.Errorf("lapd: data dir: %w", err)
+		}
+		db, err := sqlitedb.Open(filepath.Join(cfg.DataDir, "lapd.db"))
+		if err != nil {
+			return nil, nil, fmt.Errorf("lapd: %w", err)
+		}
+		s.db = db
+		ts, err := tokens.NewSQLiteStoreDB(db)
+		if err != nil {
+			return nil, nil, fmt.Errorf("lapd: token store: %w", err)
+		}
+		tstore = ts
+		cs, err := confirm.NewSQLiteStore(db)
+		if err != nil {
+			ts.Close()
+			return nil, nil, fmt.Errorf("lapd: confirm store: %w", err)
+		}
+		cstore = cs
+	case "memory":
+		tstore = tokens.NewMemoryStore()
+		cstore = confirm.NewMemoryStore()
+	default:
+		return nil, nil, fmt.Errorf("lapd: unknown Store %q (want sqlite or memory)", store)
+	}
+	s.closers = append(s.closers, tstore)
+	return tstore, cstore, nil
+}
+
+// openAuditSinks returns cfg.AuditSinks plus the sinks cfg names (stdout,
+// a JSONL file, the audit_entries table in lapd.db).
+func (s *Server) openAuditSinks(cfg Config) ([]audit.Sink, error) {
+	sinks := append([]audit.Sink(nil), cfg.AuditSinks...)
+	if cfg.AuditStdout {
+		sinks = append(sinks, audit.NewJSONLSink(os.Stdout))
+	}
+	if cfg.AuditFile != "" {
+		fs, err := audit.OpenJSONLFile(cfg.AuditFile)
+		if err != nil {
+			return nil, fmt.Errorf("lapd: audit file: %w", err)
+		}
+		sinks = append(sinks, fs)
+	}
+	if cfg.AuditSQLite {
+		if s.db == nil {
+			closeSinks(sinks[len(cfg.AuditSinks):])
+			return nil, errors.New("lapd: AuditSQLite needs the sqlite store")
+		}
+		ss, err := audit.NewSQLiteSink(s.db)
+		if err != nil {
+			closeSinks(sinks[len(cfg.AuditSinks):])
+			return nil, fmt.Errorf("lapd: audit sqlite sink: %w", err)
+		}
+		sinks = append(sinks, ss)
+	}
+	return sinks, nil
+}
+
+func closeSinks(sinks []audit.Sink) {
+	for _, k := range sinks {
+		k.Close()
+	}
+}
