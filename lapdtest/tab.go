@@ -396,8 +396,8 @@ func (t *Tab) readLoop() {
 		if json.Unmarshal(b, &env) != nil {
 			continue
 		}
-		// watches are stored before the frame is recorded, so a test that
-		// saw the watch frame can SetState right away.
+		// watches and synced approvals are stored before the frame is
+		// recorded, so a test that saw the frame can act on it right away.
 		switch env.T {
 		case "watch", "unwatch":
 			var id string
@@ -409,6 +409,8 @@ func (t *Tab) readLoop() {
 				delete(t.watches, id)
 			}
 			t.mu.Unlock()
+		case "confirm-sync":
+			t.syncConfirms(b)
 		}
 		t.record(Frame{T: env.T, Raw: b})
 		switch env.T {
@@ -439,6 +441,41 @@ func (t *Tab) readLoop() {
 			t.mu.Unlock()
 		}
 	}
+}
+
+// syncConfirms adopts the approvals lapd says are pending for this session
+// (after a reload or a reconnect), as lapd.js's syncConfirms does, so
+// PendingConfirms, WaitConfirm and Approve see them.
+func (t *Tab) syncConfirms(frame []byte) {
+	var f struct {
+		Pending []struct {
+			ConfirmID string          `json:"confirmId"`
+			Variant   string          `json:"variant"`
+			Payload   json.RawMessage `json:"payload"`
+		} `json:"pending"`
+	}
+	if json.Unmarshal(frame, &f) != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range f.Pending {
+		if p.ConfirmID == "" {
+			continue
+		}
+		if _, ok := t.pending[p.ConfirmID]; ok {
+			continue
+		}
+		msg := map[string]any{}
+		_ = json.Unmarshal(p.Payload, &msg)
+		if msg == nil {
+			msg = map[string]any{}
+		}
+		msg["type"] = p.Variant
+		t.pending[p.ConfirmID] = pendingConfirm{variant: p.Variant, msg: msg}
+		t.proposed = append(t.proposed, p.ConfirmID)
+	}
+	t.wakeLocked()
 }
 
 func (t *Tab) record(f Frame) {
