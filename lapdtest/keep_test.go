@@ -35,7 +35,9 @@ func TestKeepAcrossRestarts(t *testing.T) {
 	defer cancel()
 	tabs := make(chan *lapdtest.Tab, 4)
 	ended := make(chan error, 1)
-	go func() { ended <- lapdtest.Keep(ctx, sess.WSURL, sess.Token, func(tb *lapdtest.Tab) { tabs <- tb }, lapdtest.WithApp(todoApp())) }()
+	go func() {
+		ended <- lapdtest.Keep(ctx, sess.WSURL, sess.Token, func(tb *lapdtest.Tab) { tabs <- tb }, lapdtest.WithApp(todoApp()))
+	}()
 	next := func() *lapdtest.Tab {
 		t.Helper()
 		select {
