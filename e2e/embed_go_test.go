@@ -44,7 +44,7 @@ func TestEmbedGoModule(t *testing.T) {
 	ctx := ctxT(t, 4*time.Minute)
 	bin := filepath.Join(t.TempDir(), "embed-go")
 	if out, err := goCmd(ctx, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build in %s: %v\n%s", embedGoDir, err, out)
+		t.Fatalf("go build in %s: %v\n%s\n(if lapd's go.mod changed: cd %s && GOWORK=off go mod tidy)", embedGoDir, err, out, embedGoDir)
 	}
 
 	cmd := exec.Command(bin, "--addr", "127.0.0.1:0", "--data-dir", t.TempDir())
