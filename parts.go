@@ -3,6 +3,7 @@ package lapd
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -114,4 +115,24 @@ func closeSinks(sinks []audit.Sink) {
 	for _, k := range sinks {
 		k.Close()
 	}
+}
+
+// OpenAudit opens for reading the audit entries a lapd with this DataDir
+// keeps in DataDir/lapd.db (Config.AuditSQLite; `lapd serve`'s default), as
+// `lapd audit` reads them. Close the Closer when done.
+func OpenAudit(dataDir string) (audit.Querier, io.Closer, error) {
+	path := filepath.Join(dataDir, "lapd.db")
+	if _, err := os.Stat(path); err != nil {
+		return nil, nil, fmt.Errorf("lapd: no audit database at %s: %w", path, err)
+	}
+	db, err := sqlitedb.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("lapd: %w", err)
+	}
+	q, err := audit.NewSQLiteSink(db)
+	if err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("lapd: %w", err)
+	}
+	return q, db, nil
 }

@@ -3,7 +3,8 @@
 // (/agent/lap/v1/observe, /message, ...), with the reference's gates, error
 // envelope and status codes, plus lapd's additions (docs/PROTOCOL.md).
 //
-// Build a Server from the other parts and mount its Handler:
+// Most programs get a Server from lapd.New, which wires every part. By hand,
+// build it from the other parts and mount its Handler:
 //
 //	srv, err := lap.New(lap.Config{Tokens: tm, Registry: reg, Confirm: cm, Audit: al})
 //	mux.Handle("/agent/", srv.Handler())
