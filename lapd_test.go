@@ -400,3 +400,27 @@ func TestOwnImplementations(t *testing.T) {
 		t.Errorf("the app's sink: mints %v, closed %v; want [alice], closed", mints, sink.closed)
 	}
 }
+
+// Prefix "/" puts every route at the root of the handler.
+func TestRootPrefix(t *testing.T) {
+	t.Parallel()
+	_, srv, _ := start(t, lapd.Config{AllowAnonymous: true, Prefix: "/"})
+	sess, err := lapdtest.Mint(ctxT(t), nil, srv.URL+"/mint")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sess.LapURL != srv.URL+"/lap/v1" || !strings.HasSuffix(sess.WSURL, srv.URL[len("http"):]+"/ws") {
+		t.Errorf("mint URLs at the root: %q %q", sess.LapURL, sess.WSURL)
+	}
+	tab, err := sess.Pair(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Abort()
+	if st, body := get(t, srv.URL+"/healthz"); st != 200 || body != `{"status":"ok","tabs":1}` {
+		t.Errorf("healthz: %d %s", st, body)
+	}
+	if st, _ := get(t, srv.URL+"/client.js"); st != 200 {
+		t.Errorf("client.js at the root: %d", st)
+	}
+}

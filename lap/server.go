@@ -69,7 +69,7 @@ type Config struct {
 	Audit    *audit.Log        // nil = no audit
 	Logger   *slog.Logger      // nil = discard
 
-	Prefix   string // path prefix of the meta routes and of the WebSocket URL handed out by mint; default "/agent"
+	Prefix   string // path prefix of the meta routes and of the WebSocket URL handed out by mint; default "/agent"; "/" = the root
 	BasePath string // LAP base path; default Prefix+"/lap/v1"
 	MaxBody  int64  // LAP request body cap; default 1 MiB
 
