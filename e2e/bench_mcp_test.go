@@ -19,8 +19,8 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
-	"github.com/lapd-dev/lapd/internal/faketab"
 	"github.com/lapd-dev/lapd/lap"
+	"github.com/lapd-dev/lapd/lapdtest"
 )
 
 // BenchmarkMCP measures one `observe` against a paired fake tab, three ways,
@@ -49,7 +49,7 @@ func BenchmarkMCP(b *testing.B) {
 	bin := mcpBenchBinary(b)
 	s := mcpBenchServer(b, bin)
 	b.Run("demo", func(b *testing.B) { mcpBenchObserve(b, bin, s) })
-	b.Run("10KiB", func(b *testing.B) { mcpBenchObserve(b, bin, s, faketab.WithState(mcpBenchState(10<<10))) })
+	b.Run("10KiB", func(b *testing.B) { mcpBenchObserve(b, bin, s, lapdtest.WithState(mcpBenchState(10<<10))) })
 }
 
 // mcpBenchState is a task-board state of about n bytes of JSON.
@@ -65,7 +65,7 @@ func mcpBenchState(n int) map[string]any {
 	return map[string]any{"count": 0.0, "todos": tasks}
 }
 
-func mcpBenchObserve(b *testing.B, bin string, s *server, opts ...faketab.Option) {
+func mcpBenchObserve(b *testing.B, bin string, s *server, opts ...lapdtest.Option) {
 	_, m := mcpTab(b, s, opts...)
 	ctx := context.Background()
 	p50 := map[string]float64{}
