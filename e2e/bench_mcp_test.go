@@ -75,7 +75,7 @@ func mcpBenchObserve(b *testing.B, bin string, s *server, opts ...lapdtest.Optio
 		p50["LAP"] = mcpMeasure(b, func() error {
 			_, err := c.Call(ctx, m.LapURL, m.Token, "/observe", nil)
 			return err
-		})
+		}, s)
 	})
 	observe := func(c *client.Client, h string) func() error {
 		req := mcpgo.CallToolRequest{}
@@ -92,17 +92,17 @@ func mcpBenchObserve(b *testing.B, bin string, s *server, opts ...lapdtest.Optio
 	b.Run("HTTP", func(b *testing.B) {
 		c := mcpDialHTTP(b, s, false)
 		h, _ := mcpConnect(b, c, m)
-		p50["HTTP"] = mcpMeasure(b, observe(c, h))
+		p50["HTTP"] = mcpMeasure(b, observe(c, h), s)
 	})
 	b.Run("HTTPRaw", func(b *testing.B) {
 		c := mcpDialHTTP(b, s, true) // legacy: the MCP session id is all a raw call needs
 		h, _ := mcpConnect(b, c, m)
-		p50["HTTPRaw"] = mcpMeasure(b, mcpRawCall(b, s.URL+"/agent/mcp", c.GetSessionId(), `{"name":"observe","arguments":{"session":"`+h+`"}}`))
+		p50["HTTPRaw"] = mcpMeasure(b, mcpRawCall(b, s.URL+"/agent/mcp", c.GetSessionId(), `{"name":"observe","arguments":{"session":"`+h+`"}}`), s)
 	})
 	b.Run("Stdio", func(b *testing.B) {
 		c := mcpDialStdioBin(b, bin, s)
 		h, _ := mcpConnect(b, c, m)
-		p50["Stdio"] = mcpMeasure(b, observe(c, h))
+		p50["Stdio"] = mcpMeasure(b, observe(c, h), s)
 	})
 	if p50["LAP"] > 0 {
 		b.Logf("p50 µs: LAP %.0f, MCP HTTP %.0f (%.2f× LAP), raw %.0f (%.2f× LAP), MCP stdio %.0f (%.2f× LAP)",
@@ -141,7 +141,9 @@ func mcpRawCall(b *testing.B, url, session, params string) func() error {
 }
 
 // mcpMeasure runs op b.N times, reports p50-µs and returns it.
-func mcpMeasure(b *testing.B, op func() error) float64 {
+// With s set it also reports the CPU time `lapd serve` spent per op
+// (utime+stime from /proc, so other load on the machine does not count).
+func mcpMeasure(b *testing.B, op func() error, s ...*server) float64 {
 	b.Helper()
 	for range 50 { // warm connections, pools and the JIT-free caches
 		if err := op(); err != nil {
@@ -150,6 +152,10 @@ func mcpMeasure(b *testing.B, op func() error) float64 {
 	}
 	d := make([]time.Duration, 0, b.N)
 	b.ReportAllocs()
+	var cpu0 time.Duration
+	if len(s) > 0 {
+		cpu0 = procCPU(b, s[0].cmd.Process.Pid)
+	}
 	b.ResetTimer()
 	for range b.N {
 		t0 := time.Now()
@@ -159,11 +165,29 @@ func mcpMeasure(b *testing.B, op func() error) float64 {
 		d = append(d, time.Since(t0))
 	}
 	b.StopTimer()
+	if len(s) > 0 {
+		b.ReportMetric(float64((procCPU(b, s[0].cmd.Process.Pid)-cpu0).Nanoseconds())/1e3/float64(b.N), "server-cpu-µs/op")
+	}
 	slices.Sort(d)
 	p := float64(d[len(d)/2].Nanoseconds()) / 1e3
 	b.ReportMetric(p, "p50-µs")
 	b.ReportMetric(float64(d[len(d)*99/100].Nanoseconds())/1e3, "p99-µs")
 	return p
+}
+
+// procCPU is the user+system CPU time of process pid so far (Linux).
+func procCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		b.Fatalf("reading the server's CPU time: %v", err)
+	}
+	// fields after the ")" that ends the command name: state is field 3,
+	// utime 14 and stime 15 (in clock ticks, 100 per second on Linux)
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
 // mcpBenchStore is LAPD_BENCH_STORE (sqlite or memory), default sqlite,

@@ -3,6 +3,7 @@ package mcp
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -474,3 +475,39 @@ func TestToolListOrderAndAnnotations(t *testing.T) {
 		t.Fatalf("core tools %v", names)
 	}
 }
+
+// mcp-go logs every request and tool call at Info; lapd hands those lines
+// down to Debug, so the default level writes nothing per call.
+func TestMCPGoLogsAtDebug(t *testing.T) {
+	t.Parallel()
+	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
+		var buf syncBuf
+		h := newHarness(t, func(c *Config) {
+			c.Logger = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: level}))
+		})
+		h.connect(tokA)
+		buf.reset()
+		h.call("observe", nil)
+		got := buf.String()
+		if level == slog.LevelInfo && got != "" {
+			t.Fatalf("at Info an observe logged:\n%s", got)
+		}
+		if level == slog.LevelDebug && !strings.Contains(got, "observe") {
+			t.Fatalf("at Debug mcp-go's request log is missing:\n%s", got)
+		}
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+func (s *syncBuf) reset()         { s.mu.Lock(); defer s.mu.Unlock(); s.b.Reset() }
