@@ -104,7 +104,9 @@ func (h infoAsDebug) WithAttrs(as []slog.Attr) slog.Handler {
 	return infoAsDebug{h.Handler.WithAttrs(as)}
 }
 
-func (h infoAsDebug) WithGroup(name string) slog.Handler { return infoAsDebug{h.Handler.WithGroup(name)} }
+func (h infoAsDebug) WithGroup(name string) slog.Handler {
+	return infoAsDebug{h.Handler.WithGroup(name)}
+}
 
 func rank(order map[string]int, name string) int {
 	if i, ok := order[name]; ok {
