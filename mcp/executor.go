@@ -503,8 +503,7 @@ func (e *Executor) connect(ctx context.Context, a args, p *progress) (*mcpgo.Cal
 	o := newObj(make([]byte, 0, len(raw)+256))
 	o.str("status", "connected")
 	o.str("session", b.Handle)
-	o.str("appName", ob.name)
-	o.str("appVersion", ob.version)
+	ob.writeApp(o)
 	omitted := false
 	if a.verbose() {
 		withFields(o, raw)
@@ -581,8 +580,7 @@ func (e *Executor) forward(ctx context.Context, d toolDef, a args, b Binding, p 
 		if a.verbose() {
 			withFields(o, raw)
 		} else {
-			o.str("appName", ob.name)
-			o.str("appVersion", ob.version)
+			ob.writeApp(o)
 			e.renderObservation(o, ob, false)
 		}
 		e.remember(b.Handle, ob)

@@ -48,6 +48,16 @@ func parseObservation(raw []byte, b Binding) (observation, bool) {
 	return ob, true
 }
 
+// writeApp writes the app's name and version (when the app gave them).
+func (ob observation) writeApp(o *objw) {
+	if ob.name != "" {
+		o.str("appName", ob.name)
+	}
+	if ob.version != "" {
+		o.str("appVersion", ob.version)
+	}
+}
+
 // renderObservation writes ob's sections leanly into o (lean.go). first is
 // connect_session's first look: the state is kept under stateBudget. It
 // reports whether parts of the state were left out.

@@ -127,6 +127,8 @@ func (s *splicer) apply(p []byte) ([]byte, bool) {
 }
 
 // spliceWriter is the ResponseWriter mcp-go writes a request's response to.
+// mcp-go writes each JSON-RPC message (a JSON body, or one SSE event) with
+// one Write, so a placeholder never straddles two.
 type spliceWriter struct {
 	http.ResponseWriter
 	sp *splicer
