@@ -357,13 +357,31 @@ func (s *session) retire(m *map[string]chan callResult, id string, res callResul
 
 // failAll retires every call and watch with err. Caller holds s.mu.
 func (s *session) failAllLocked(err error) {
+	s.takeAllLocked().fail(err)
+}
+
+// pending is a set of retired waiters still to be told their outcome.
+type pending []chan callResult
+
+// takeAllLocked retires every call and watch (nobody else can answer them
+// any more) and returns their channels. Caller holds s.mu.
+func (s *session) takeAllLocked() pending {
+	var out pending
 	for id, ch := range s.calls {
-		ch <- callResult{err: err}
+		out = append(out, ch)
 		delete(s.calls, id)
 	}
 	for id, ch := range s.watches {
-		ch <- callResult{err: err}
+		out = append(out, ch)
 		delete(s.watches, id)
+	}
+	return out
+}
+
+// fail tells every waiter err. Each channel has room for one result.
+func (p pending) fail(err error) {
+	for _, ch := range p {
+		ch <- callResult{err: err}
 	}
 }
 
