@@ -80,7 +80,7 @@ func TestRoutesBadRequests(t *testing.T) {
 		{"/query-dom", `{}`, "name required"},
 		{"/would-dispatch", `{}`, "msg"},
 		{"/confirm-result", `{}`, "confirmId required"},
-		{"/confirm-result", `{"confirmId":"nope","timeoutMs":1}`, "unknown confirmId"},
+		{"/confirm-result", `{"confirmId":"nope","timeoutMs":1}`, "unknown confirmId nope for this session (it was never proposed here, or its outcome is older than the keep window, 5 minutes by default): call observe"},
 	}
 	for _, tc := range tests {
 		r := e.lapCall(token, tc.route, tc.body)
@@ -377,5 +377,35 @@ func TestWaitChanged(t *testing.T) {
 	r := <-done
 	if r.status != 200 || !strings.Contains(string(r.body), `"status":"changed"`) || !strings.Contains(string(r.body), `"count":7`) {
 		t.Errorf("wait: %d %s", r.status, r.body)
+	}
+}
+
+// TestWaitEndsWithAdvice: a /wait whose tab drops, or whose session is
+// revoked, answers 503 paused (lapd's documented difference from the
+// reference's 200 timeout) with a detail that tells a bridge showing only
+// code and detail what to do.
+func TestWaitEndsWithAdvice(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *envCfg) { c.tok.Grace = time.Minute })
+	for _, how := range []string{"tab drops", "revoked"} {
+		token, tid, tab := e.paired()
+		done := make(chan resp, 1)
+		go func() { done <- e.lapCall(token, "/wait", `{"path":"/count","timeoutMs":10000}`) }()
+		if _, err := tab.WaitFor(ctxT(t), "watch"); err != nil {
+			t.Fatal(err)
+		}
+		want := "retry in a few seconds"
+		if how == "revoked" {
+			if r := e.do("POST", "/agent/revoke", "", `{"tid":"`+tid+`"}`); r.status != 200 {
+				t.Fatalf("revoke: %d %s", r.status, r.body)
+			}
+			want = "new connect line"
+		} else {
+			tab.Kill()
+		}
+		r := <-done
+		if r.status != 503 || r.code() != "paused" || !strings.Contains(string(r.body), want) {
+			t.Errorf("%s mid-wait: %d %v %s, want 503 paused saying %q", how, r.status, r.header, r.body, want)
+		}
 	}
 }

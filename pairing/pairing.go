@@ -569,6 +569,30 @@ func (r *Registry) RecentLog(tid string, n int, kind string) []json.RawMessage {
 	return out
 }
 
+// AppendLog puts an entry the server made itself (for example a dispatch
+// lapd refused before it reached the tab) in tid's recent-actions ring, as a
+// log-append from the tab would be, but without calling Hooks.OnLogAppend
+// (the caller audits what it did). Entries over MaxLogEntry are not kept.
+// ErrPaused if the registry holds nothing for tid.
+func (r *Registry) AppendLog(tid string, entry json.RawMessage) error {
+	r.mu.Lock()
+	s := r.sessions[tid]
+	r.mu.Unlock()
+	if s == nil {
+		return ErrPaused
+	}
+	if len(entry) > MaxLogEntry {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dropped {
+		return ErrPaused
+	}
+	s.appendLogLocked(entry, r.cfg.LogRing)
+	return nil
+}
+
 // appendLog puts e in the ring.
 func (s *session) appendLogLocked(e json.RawMessage, ringCap int) {
 	if len(s.ring) < ringCap {
