@@ -362,6 +362,9 @@ func fieldErrors(ve *jsonschema.ValidationError) []FieldError {
 	if len(out) == 0 {
 		add("", CodeValidatesFailed, ve.Error())
 	}
+	// The validator's causes come in no fixed order (they are collected
+	// from maps); sort by path so the same msg always reads the same.
+	slices.SortStableFunc(out, func(a, b FieldError) int { return strings.Compare(a.Path, b.Path) })
 	return out
 }
 
