@@ -96,6 +96,7 @@ func (b *browserTab) axe(when string) {
 	}
 	if len(bad) > 0 {
 		b.t.Errorf("axe %s: %d serious or critical violations:\n  %s", when, len(bad), strings.Join(bad, "\n  "))
+		return
 	}
-	b.t.Logf("axe %s: %d violations, none serious", when, len(vs))
+	b.t.Logf("axe %s: %d violations, none serious or critical", when, len(vs))
 }

@@ -101,23 +101,10 @@ func TestBrowserKeyboard(t *testing.T) {
 	}
 	tab.axe("waiting for the AI")
 
-	// 3. Every Tab stop in the panel shows a focus ring.
-	tab.eval(browserTestID("toggle")+`.focus()`, nil)
-	var stops []string
-	for i := 0; i < 12; i++ {
-		f := tab.focused()
-		if !strings.HasPrefix(f, "panel:") {
-			break
-		}
-		var ring string
-		tab.eval(`(() => { const e = `+browserPanel+`.activeElement; const s = getComputedStyle(e); return s.outlineStyle + ' ' + s.outlineWidth })()`, &ring)
-		if strings.HasPrefix(ring, "none") || strings.HasSuffix(ring, " 0px") {
-			t.Errorf("Tab stop %s has no focus ring (%s)", f, ring)
-		}
-		stops = append(stops, f)
-		tab.key(kb.Tab)
-	}
-	t.Logf("panel Tab stops while waiting: %v", stops)
+	// 3. Every Tab stop in the panel shows a focus ring. The live region is
+	// marked, to check later that it is never rebuilt.
+	checkTabStops(t, tab, "waiting for the AI")
+	tab.eval(panelJS("announcer")+`.dataset.mark = 'first'`, nil)
 
 	// 4. The model connects and acts; the feed says what happened in the
 	// human's words, with relative times; JSON paths only under "Show details".
@@ -212,10 +199,36 @@ func TestBrowserKeyboard(t *testing.T) {
 	if f := tab.focused(); !strings.HasPrefix(f, "panel:") {
 		t.Errorf("after Reject focus went to %s", f)
 	}
+	checkTabStops(t, tab, "after approvals")
+	if m := tab.evalString(panelJS("announcer") + `.dataset.mark || ''`); m != "first" {
+		t.Error("the live region was rebuilt: announcements made meanwhile may not have been read")
+	}
 	tab.axe("after approvals, with a feed")
 	if p := tab.pageProblems(); len(p) > 0 {
 		t.Errorf("the page reported errors: %v", p)
 	}
+}
+
+// checkTabStops Tabs through the panel from its bar and fails on a stop
+// without a visible focus ring.
+func checkTabStops(t *testing.T, tab *browserTab, when string) {
+	t.Helper()
+	tab.eval(browserTestID("toggle")+`.focus()`, nil)
+	var stops []string
+	for i := 0; i < 20; i++ {
+		f := tab.focused()
+		if !strings.HasPrefix(f, "panel:") {
+			break
+		}
+		var ring string
+		tab.eval(`(() => { const e = `+browserPanel+`.activeElement; const s = getComputedStyle(e); return s.outlineStyle + ' ' + s.outlineWidth })()`, &ring)
+		if strings.HasPrefix(ring, "none") || strings.HasSuffix(ring, " 0px") {
+			t.Errorf("%s: Tab stop %s has no focus ring (%s)", when, f, ring)
+		}
+		stops = append(stops, f)
+		tab.key(kb.Tab)
+	}
+	t.Logf("panel Tab stops %s: %v", when, stops)
 }
 
 func TestBrowserPhone(t *testing.T) {
