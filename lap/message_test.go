@@ -9,14 +9,14 @@ import (
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 	"github.com/lapd-dev/lapd/tokens"
 )
 
 func TestServerSidePolicy(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	token, _, tab := e.paired(faketab.WithPolicy(faketab.DemoPolicy()))
+	token, _, tab := e.paired(lapdtest.WithPolicy(lapdtest.DemoPolicy()))
 	tests := []struct {
 		route, body, reason string
 	}{
@@ -87,7 +87,7 @@ func TestIdempotentMessage(t *testing.T) {
 	var calls sync.WaitGroup
 	calls.Add(1)
 	var once sync.Once
-	token, tid, tab := e.paired(faketab.WithHandler("send_message", func(json.RawMessage) (any, *faketab.RPCError) {
+	token, tid, tab := e.paired(lapdtest.WithHandler("send_message", func(json.RawMessage) (any, *lapdtest.RPCError) {
 		once.Do(calls.Done)
 		<-release
 		return map[string]any{"status": "dispatched", "stateDiff": []any{map[string]any{"op": "replace", "path": "/count", "value": 1}}}, nil
@@ -124,12 +124,12 @@ func TestIdempotentMessage(t *testing.T) {
 	}
 }
 
-func confirmTab(e *env) (string, *faketab.Tab) {
-	token, _, tab := e.paired(faketab.WithPolicy(faketab.DemoPolicy()))
+func confirmTab(e *env) (string, *lapdtest.Tab) {
+	token, _, tab := e.paired(lapdtest.WithPolicy(lapdtest.DemoPolicy()))
 	return token, tab
 }
 
-func pendingID(t *testing.T, tab *faketab.Tab) string {
+func pendingID(t *testing.T, tab *lapdtest.Tab) string {
 	t.Helper()
 	f, err := tab.WaitFor(ctxT(t), "rpc")
 	if err != nil {
@@ -264,7 +264,7 @@ func TestConfirmSyncOnReconnect(t *testing.T) {
 	id := r.json(t)["confirmId"].(string)
 	tab.Close()
 	waitStatus(t, e, e.tids()[0], tokens.StatusPendingResume)
-	tab2 := e.dial(token, faketab.WithPolicy(faketab.DemoPolicy()))
+	tab2 := e.dial(token, lapdtest.WithPolicy(lapdtest.DemoPolicy()))
 	if _, err := tab2.WaitFor(ctxT(t), "active"); err != nil { // pushed first
 		t.Errorf("re-pair did not push active: %v", err)
 	}
@@ -282,7 +282,7 @@ func TestDrain(t *testing.T) {
 	e := newEnv(t)
 	entered := make(chan struct{})
 	release := make(chan struct{})
-	token, _, _ := e.paired(faketab.WithHandler("list_actions", func(json.RawMessage) (any, *faketab.RPCError) {
+	token, _, _ := e.paired(lapdtest.WithHandler("list_actions", func(json.RawMessage) (any, *lapdtest.RPCError) {
 		close(entered)
 		<-release
 		return map[string]any{"actions": []any{}}, nil

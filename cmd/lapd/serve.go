@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/lapd-dev/lapd/internal/app"
+	"github.com/lapd-dev/lapd"
 	"github.com/lapd-dev/lapd/lap"
 )
 
@@ -32,7 +32,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	if err != nil {
 		return err
 	}
-	acfg, err := appConfig(c, stdout, log)
+	lcfg, err := lapdConfig(c, stdout, log)
 	if err != nil {
 		return err
 	}
@@ -40,19 +40,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (choose another with --addr or LAPD_ADDR)", c.Addr, err)
 	}
-	a, err := app.New(ctx, acfg)
+	l, err := lapd.New(ctx, lcfg)
 	if err != nil {
 		ln.Close()
-		return err
-	}
-	closeExtras, err := mountExtras(a, c, log)
-	if err != nil {
-		ln.Close()
-		a.Shutdown(context.Background())
 		return err
 	}
 	hs := &http.Server{
-		Handler:           a.Mux,
+		Handler:           l.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -60,37 +54,36 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	urls := listenURLs(ln.Addr(), interfaceAddrs)
 	base := urls[0]
 	origins := "same origin only"
-	if len(acfg.Origins) > 0 {
-		origins = "same origin + " + strings.Join(acfg.Origins, ", ")
+	if len(lcfg.Origins) > 0 {
+		origins = "same origin + " + strings.Join(lcfg.Origins, ", ")
 	}
-	log.Info("lapd listening on "+base, "data_dir", dataDirOrMemory(c), "anonymous_mint", acfg.AllowAnonymous,
+	log.Info("lapd listening on "+base, "data_dir", dataDirOrMemory(c), "anonymous_mint", lcfg.AllowAnonymous,
 		"demo", c.Demo, "mcp", c.MCP, "origins", origins)
-	if !acfg.AllowAnonymous && acfg.Identity == nil {
+	if !lcfg.AllowAnonymous && lcfg.Identity == nil {
 		log.Warn("anonymous mint is off and no identity is configured: nobody can mint a token", "fix", "--allow-anonymous true, or --identity-cookie / --jwt-cookie / --jwt-header")
 	}
-	printBanner(stderr, c, acfg, urls)
+	printBanner(stderr, c, lcfg, urls)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
 	case err := <-errc:
-		a.Shutdown(context.Background())
+		l.Shutdown(context.Background())
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: refusing new calls, finishing in-flight ones", "timeout", c.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 	defer cancel()
-	// Order: the app drains LAP and closes tabs with 1012 (they reconnect to
-	// the next process) while the listener still answers in-flight requests;
-	// then the HTTP server stops.
-	errMCP := closeExtras(sctx)
-	errApp := a.Shutdown(sctx)
+	// Order: lapd closes MCP sessions, drains LAP and closes tabs with 1012
+	// (they reconnect to the next process) while the listener still answers
+	// in-flight requests; then the HTTP server stops.
+	errLapd := l.Shutdown(sctx)
 	hs.SetKeepAlivesEnabled(false)
 	errHTTP := hs.Shutdown(sctx)
 	if errors.Is(errHTTP, context.DeadlineExceeded) {
 		hs.Close()
 	}
-	if err := errors.Join(errMCP, errApp, errHTTP); err != nil {
+	if err := errors.Join(errLapd, errHTTP); err != nil {
 		log.Warn("shutdown finished with errors", "err", err)
 		return err
 	}
@@ -135,7 +128,7 @@ func interfaceAddrs() ([]net.Addr, error) { return net.InterfaceAddrs() }
 
 // printBanner tells the human where lapd is and what will not work as they
 // might expect (anonymous mint off beyond loopback).
-func printBanner(w io.Writer, c serveConfig, acfg app.Config, urls []string) {
+func printBanner(w io.Writer, c serveConfig, lcfg lapd.Config, urls []string) {
 	base := urls[0]
 	if c.PublicURL != "" {
 		base = strings.TrimRight(c.PublicURL, "/")
@@ -152,7 +145,7 @@ func printBanner(w io.Writer, c serveConfig, acfg app.Config, urls []string) {
 		fmt.Fprintf(w, "  MCP endpoint:  %s/agent/mcp\n", base)
 	}
 	fmt.Fprintf(w, "  LAP base:      %s/agent/lap/v1\n", base)
-	if !acfg.AllowAnonymous && acfg.Identity == nil {
+	if !lcfg.AllowAnonymous && lcfg.Identity == nil {
 		why := "--allow-anonymous is false"
 		if c.AllowAnonymous == "auto" {
 			why = "lapd listens beyond loopback (" + c.Addr + ")\n  and --allow-anonymous is auto"
@@ -172,10 +165,10 @@ func dataDirOrMemory(c serveConfig) string {
 	return c.DataDir
 }
 
-// appConfig turns flags into the composition root's config: the only place
-// where choices between implementations are made.
-func appConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (app.Config, error) {
-	acfg := app.Config{
+// lapdConfig turns flags into lapd.Config; lapd.New makes the choices
+// between implementations from it.
+func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config, error) {
+	acfg := lapd.Config{
 		DataDir:       c.DataDir,
 		Store:         c.Store,
 		Logger:        log,
@@ -191,6 +184,9 @@ func appConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (app.Config, e
 		Grace:         c.Grace,
 		PingInterval:  c.PingInterval,
 		ConfirmExpiry: c.ConfirmExpiry,
+		DisableMCP:    !c.MCP,
+		Demo:          c.Demo,
+		Version:       lapdVersion(),
 	}
 	if c.Store == "memory" {
 		acfg.DataDir = ""
