@@ -1553,8 +1553,8 @@ export function createAgent(opts) {
 // One fixed panel: at the bottom right on a wide screen; on a narrow one
 // (≤ 640 px) a bottom sheet, collapsed to one line with a badge until the
 // human opens it, at most half the screen high, with buttons of at least
-// 44×44 px. The page keeps room below its content as tall as the panel, so
-// that everything can be scrolled above it.
+// 44×44 px. The page keeps room below its content as tall as the panel (on a
+// wide screen while an approval waits), so everything can be scrolled above it.
 //
 // Keyboard: Alt+Shift+A (ui.shortcut), or the skip link that is the page's
 // first Tab stop, moves focus to the panel's next action (Approve, Connect,
@@ -1730,9 +1730,13 @@ function createPanel(agent, doc, win, uiOpts, view) {
   }
   if (mq) { if (typeof mq.addEventListener === 'function') mq.addEventListener('change', onMedia); else if (mq.addListener) mq.addListener(onMedia) }
   // The host sits at the end of the page and is as tall as the panel (plus
-  // its margin on a wide screen): the page can scroll everything above it.
+  // its margin on a wide screen), so the page can scroll everything above
+  // it: always on a narrow screen, on a wide one while an approval waits
+  // (what it is about must not stay hidden under the card).
+  let waiting = 0
   function reserve() {
-    const h = !uiOpts.container && typeof panel.getBoundingClientRect === 'function' ? Math.ceil(panel.getBoundingClientRect().height) + (narrow ? 0 : 16) : 0
+    const need = !uiOpts.container && typeof panel.getBoundingClientRect === 'function' && (narrow || waiting > 0)
+    const h = need ? Math.ceil(panel.getBoundingClientRect().height) + (narrow ? 0 : 16) : 0
     host.style.height = h ? `${h}px` : '0px'
     // The feed is a Tab stop (with a focus ring) exactly when it scrolls.
     const scrolls = feed.scrollHeight > feed.clientHeight + 1
@@ -1805,6 +1809,7 @@ function createPanel(agent, doc, win, uiOpts, view) {
     const activeId = active && active.getAttribute ? active.getAttribute('data-testid') : null
     const s = agent.status
     const pend = agent.pendingConfirms()
+    waiting = pend.length
 
     panel.classList.toggle('narrow', narrow)
     panel.classList.toggle('collapsed', collapsed)

@@ -154,6 +154,13 @@ func TestBrowserKeyboard(t *testing.T) {
 		t.Errorf("approval card: %q", card)
 	}
 	tab.waitJS(`(`+panelJS("announcer")+`).textContent.includes('Approval needed: Delete every task (4 tasks)')`, 5*time.Second)
+	// The card covers the right of the board; the page can scroll every
+	// column above it.
+	tab.eval(`window.scrollTo(0, document.documentElement.scrollHeight)`, nil)
+	if p, col := tab.rect(browserPanel+`.querySelector('.p')`), tab.rect(`[...document.querySelectorAll('#board section.column')].at(-1)`); col.Bottom > p.Top+0.5 {
+		t.Errorf("with an approval waiting, the last column (bottom %v) stays under the panel (top %v) when scrolled to the end", col.Bottom, p.Top)
+	}
+	tab.eval(`window.scrollTo(0, 0)`, nil)
 	tab.eval(`document.querySelector('#new-title').focus()`, nil)
 	tab.key("a", chromedp.ModifierAlt, chromedp.ModifierShift)
 	if f := tab.focused(); f != "panel:approve-"+cid {
