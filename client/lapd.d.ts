@@ -214,7 +214,11 @@ export function computeStateDiff(before: unknown, after: unknown): DiffOp[]
 export function summarizeDiff(diff: DiffOp[]): string
 export function toWire(value: unknown): unknown
 export function fromWire(value: unknown): unknown
-export function validatePayload(schema: JSONSchema, value: unknown): Array<{ path: string; message: string }>
+/** The reference runtime's validation codes. */
+export type ValidationCode = 'missing' | 'unexpected-field' | 'wrong-type' | 'not-array' | 'not-object' | 'not-in-enum' | 'validates-failed'
+export function validatePayload(schema: JSONSchema, value: unknown): Array<{ path: string; code: ValidationCode; message: string }>
+/** A JSON Pointer into msg in the reference's style: "/cells/0/value" → "cells[0].value". */
+export function referencePath(pointer: string, msg: unknown): string
 export function payloadHint(variant: string, schema?: JSONSchema): Msg | null
 export function fieldHints(schema?: JSONSchema): Array<{ path: string; hint: string }>
 export interface ListedAction {
@@ -228,7 +232,7 @@ export function listActions<S>(actions: Record<string, ActionSpec<S>> | null | u
 export function buildPolicy(actions?: Record<string, ActionSpec> | null): { variants: Record<string, object> } | null
 export function buildMsgSchema(actions?: Record<string, ActionSpec> | null): { discriminant: 'type'; variants: Record<string, object> }
 export function gateMessage(actions: Record<string, ActionSpec> | null, msg: unknown):
-  null | { status: 'rejected'; reason: 'invalid' | 'human-only'; detail: string; errors?: Array<{ path: string; message: string }> }
+  null | { status: 'rejected'; reason: 'invalid' | 'human-only'; detail: string; errors?: Array<{ path: string; code: ValidationCode; message: string }> }
 export function msgDetail(msg: Msg): string
 /** A msg in the human's words: the action's summarize(msg, state), else its intent and first plain payload values. */
 export function describeMsg(actions: Record<string, ActionSpec> | null | undefined, msg: Msg, state: unknown, fallbackIntent?: string): string

@@ -334,24 +334,28 @@ function jsonEqual(a, b) {
 
 /**
  * Validate a value against the JSON Schema subset this client knows. Returns
- * [{path, message}] with JSON Pointer paths (at most LIMITS.validationErrors).
- * Unknown keywords are ignored (the server checks the full schema).
+ * [{path, code, message}] with JSON Pointer paths (at most
+ * LIMITS.validationErrors) and the reference's codes (missing,
+ * unexpected-field, wrong-type, not-array, not-object, not-in-enum,
+ * validates-failed). Unknown keywords are ignored (the server checks the full
+ * schema).
  */
 export function validatePayload(schema, value, path = '', errors = [], depth = 0) {
   if (errors.length >= LIMITS.validationErrors || schema == null || schema === true) return errors
-  const add = (message) => { if (errors.length < LIMITS.validationErrors) errors.push({ path, message }) }
+  const add = (message, code = 'validates-failed') => { if (errors.length < LIMITS.validationErrors) errors.push({ path, code, message }) }
   if (schema === false) { add('no value is allowed here'); return errors }
   if (typeof schema !== 'object' || depth > LIMITS.schemaDepth) return errors
   if (schema.type !== undefined) {
     const types = Array.isArray(schema.type) ? schema.type : [schema.type]
     if (!types.some((t) => typeMatches(t, value))) {
-      add(`expected ${types.join(' or ')}, got ${value === null ? 'null' : Array.isArray(value) ? 'array' : typeof value}`)
+      add(`expected ${types.join(' or ')}, got ${value === null ? 'null' : Array.isArray(value) ? 'array' : typeof value}`,
+        types.length === 1 && types[0] === 'array' ? 'not-array' : types.length === 1 && types[0] === 'object' ? 'not-object' : 'wrong-type')
       return errors
     }
   }
   if (Array.isArray(schema.enum) && !schema.enum.some((e) => jsonEqual(e, value)))
-    add(`must be one of ${schema.enum.map((e) => JSON.stringify(e)).join(', ')}`)
-  if ('const' in schema && !jsonEqual(schema.const, value)) add(`must be ${JSON.stringify(schema.const)}`)
+    add(`must be one of ${schema.enum.map((e) => JSON.stringify(e)).join(', ')}`, 'not-in-enum')
+  if ('const' in schema && !jsonEqual(schema.const, value)) add(`must be ${JSON.stringify(schema.const)}`, 'not-in-enum')
   if (typeof value === 'string') {
     const len = [...value].length
     if (typeof schema.minLength === 'number' && len < schema.minLength) add(`must be at least ${schema.minLength} characters`)
@@ -378,7 +382,7 @@ export function validatePayload(schema, value, path = '', errors = [], depth = 0
       for (const k of schema.required) {
         if (!own(value, k) || value[k] === undefined) {
           if (errors.length < LIMITS.validationErrors)
-            errors.push({ path: `${path}/${escapePointerSegment(k)}`, message: 'is required' })
+            errors.push({ path: `${path}/${escapePointerSegment(k)}`, code: 'missing', message: 'is required' })
         }
       }
     }
@@ -386,12 +390,35 @@ export function validatePayload(schema, value, path = '', errors = [], depth = 0
       const p = `${path}/${escapePointerSegment(k)}`
       if (own(props, k)) validatePayload(props[k], value[k], p, errors, depth + 1)
       else if (schema.additionalProperties === false) {
-        if (errors.length < LIMITS.validationErrors) errors.push({ path: p, message: 'is not allowed' })
+        if (errors.length < LIMITS.validationErrors) errors.push({ path: p, code: 'unexpected-field', message: 'is not allowed' })
       } else if (schema.additionalProperties && typeof schema.additionalProperties === 'object')
         validatePayload(schema.additionalProperties, value[k], p, errors, depth + 1)
     }
   }
   return errors
+}
+
+/**
+ * A JSON Pointer into msg written the reference runtime's way: keys joined
+ * with dots, array indices in brackets ("/cells/0/value" → "cells[0].value");
+ * a key with a dot, a bracket or a quote is written ["key"].
+ */
+export function referencePath(pointer, msg) {
+  if (typeof pointer !== 'string' || pointer[0] !== '/') return pointer === undefined ? '' : String(pointer)
+  let cur = msg
+  let out = ''
+  for (const raw of pointer.slice(1).split('/')) {
+    const seg = unescapeSegment(raw)
+    if (Array.isArray(cur)) {
+      out += `[${seg}]`
+      cur = /^(0|[1-9]\d*)$/.test(seg) ? cur[Number(seg)] : undefined
+      continue
+    }
+    cur = own(cur, seg) ? cur[seg] : undefined
+    if (seg === '' || /[.[\]"]/.test(seg)) out += `[${JSON.stringify(seg)}]`
+    else out += (out ? '.' : '') + seg
+  }
+  return out
 }
 
 // ───────────────────────────── actions: policy, list, hints ─────────────────────────────
@@ -1288,7 +1315,7 @@ export function createAgent(opts) {
       const gate = gateMessage(actions, msg)
       const log = { intent: `Predict: ${msg && msg.type}`, variant: msg && msg.type }
       if (gate) {
-        if (gate.errors) return { result: { status: 'rejected', reason: 'schema-mismatch', errors: gate.errors }, log }
+        if (gate.errors) return { result: { status: 'rejected', reason: 'schema-mismatch', errors: gate.errors.map((e) => ({ path: referencePath(e.path, msg), code: e.code, message: e.message, pointer: e.path })) }, log }
         return { result: gate, log }
       }
       if (typeof opts.reducer !== 'function')

@@ -84,3 +84,25 @@ test('feedItems: an approval is one line, updated in place', () => {
   const alone = feedItems([{ id: 'confirm-c3', at: 20, kind: 'rejected', confirmId: 'c3', intent: 'Delete every task', detail: 'rejected by the user' }])
   assert.deepEqual(alone.map((i) => `${i.label}|${i.text}`), ['Rejected by you|Delete every task'])
 })
+
+test("validatePayload codes and referencePath: the reference runtime's words for schema errors", async () => {
+  const { validatePayload, referencePath } = await import('../lapd.js')
+  const schema = {
+    type: 'object', required: ['title'], additionalProperties: false,
+    properties: { title: { type: 'string', minLength: 2 }, column: { enum: ['todo', 'done'] }, tags: { type: 'array', items: { type: 'object' } }, meta: { type: 'object' } },
+  }
+  const codes = (v) => validatePayload(schema, v).map((e) => `${e.path} ${e.code}`)
+  assert.deepEqual(codes({}), ['/title missing'])
+  assert.deepEqual(codes({ title: 'a' }), ['/title validates-failed'])
+  assert.deepEqual(codes({ title: 7 }), ['/title wrong-type'])
+  assert.deepEqual(codes({ title: 'ab', column: 'later' }), ['/column not-in-enum'])
+  assert.deepEqual(codes({ title: 'ab', tags: 'x' }), ['/tags not-array'])
+  assert.deepEqual(codes({ title: 'ab', tags: [1] }), ['/tags/0 not-object'])
+  assert.deepEqual(codes({ title: 'ab', meta: 1 }), ['/meta not-object'])
+  assert.deepEqual(codes({ title: 'ab', extra: 1 }), ['/extra unexpected-field'])
+  const msg = { type: 't', cells: [{ value: 1 }], 'a.b': { c: [[1]] }, 'x/y': 1 }
+  for (const [ptr, want] of [['', ''], ['/title', 'title'], ['/cells/0/value', 'cells[0].value'], ['/cells/9', 'cells[9]'],
+    ['/a.b/c/0/0', '["a.b"].c[0][0]'], ['/x~1y', 'x/y'], ['/missing/deeper', 'missing.deeper']]) {
+    assert.equal(referencePath(ptr, msg), want, ptr)
+  }
+})

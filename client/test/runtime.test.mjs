@@ -412,7 +412,8 @@ test('would_dispatch with a pure reducer predicts without committing', async () 
   assert.equal(r.reply.result.message, 'not pure')
   r = await rpc(ws, 'would_dispatch', { msg: { type: 'addTask', title: '' } })
   assert.equal(r.reply.result.reason, 'schema-mismatch')
-  assert.equal(r.reply.result.errors[0].path, '/title')
+  assert.deepEqual(r.reply.result.errors[0], { path: 'title', code: 'validates-failed', message: 'must be at least 1 characters', pointer: '/title' },
+    "the reference runtime's shape: reference paths and codes")
   agent.destroy()
 })
 
