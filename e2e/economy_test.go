@@ -190,7 +190,7 @@ func economyRun(t *testing.T, srv *server, transport, script string) economy {
 	}
 	tab.click(browserTestID("connect"))
 	tab.waitStatus("pending-claude", 10*time.Second)
-	line := tab.evalString(browserTestID("connect-line") + `.textContent`)
+	line := tab.evalString(browserTestID("connect-line") + `.value`)
 
 	var mc *mcpclient.Client
 	if transport == "http" {
