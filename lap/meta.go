@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/clientip"
 	"github.com/lapd-dev/lapd/pairing"
 	"github.com/lapd-dev/lapd/tokens"
 )
@@ -133,7 +134,8 @@ func (s *Server) rateKey(m *metaCall) string {
 	if m.uid != "" {
 		return "uid:" + m.uid
 	}
-	return "ip:" + clientIP(m.r, s.cfg.TrustProxy)
+	// IPv6 callers are counted per /64: one subscriber holds a whole /64.
+	return "ip:" + clientip.KeyOf(m.r, s.cfg.TrustProxy)
 }
 
 func (s *Server) mint(m *metaCall) (any, *apiError) {
