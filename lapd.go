@@ -39,6 +39,7 @@ type Server struct {
 	audit    *audit.Log
 	lap      *lap.Server
 	mcp      *mcp.HTTPHandler // nil with DisableMCP
+	perim    *perimeter
 	handler  http.Handler
 
 	db      *sql.DB
@@ -86,6 +87,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if s.registry, err = pairing.New(pairing.Config{
 		Tokens: s.tokens, Audit: s.audit, Logger: s.log, AllowedOrigins: cfg.Origins,
+		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL,
 		PingInterval: cfg.PingInterval, RPCTimeout: cfg.RPCTimeout, Retention: cfg.Grace,
 	}); err != nil {
 		return nil, err
@@ -117,12 +119,15 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		if s.mcp, err = mcp.NewHTTPHandler(mcp.HTTPConfig{
 			Config:         mcp.Config{Client: s.lap.Client(), Logger: s.log.With("component", "mcp"), Name: "lapd", Version: version},
 			AllowedOrigins: cfg.Origins,
+			AllowedHosts:   s.servedHosts(),
+			TrustProxy:     cfg.TrustProxy,
 			Audit:          s.audit,
 		}); err != nil {
 			return nil, err
 		}
 	}
-	s.handler = s.routes()
+	s.perim = newPerimeter(s.routes(), s.servedHosts(), cfg.BodyReadTimeout, s.audit)
+	s.handler = s.perim
 	return s, nil
 }
 
@@ -257,6 +262,7 @@ func (s *Server) shutdown(ctx context.Context) error {
 		}
 	}
 	s.lap.Drain()
+	s.perim.cutBodies()
 	if err := s.lap.WaitIdle(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("waiting for in-flight calls: %w", err))
 	}

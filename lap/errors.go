@@ -3,7 +3,9 @@ package lap
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 )
@@ -38,6 +40,15 @@ type apiError struct {
 
 func errf(status int, code, detail string) *apiError {
 	return &apiError{status: status, code: code, detail: detail}
+}
+
+// bodyReadError maps a failed request body read: the read deadline (the body
+// trickled in too slowly, or the server is shutting down) is 408 timeout.
+func bodyReadError(err error) *apiError {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return errf(http.StatusRequestTimeout, CodeTimeout, "the request body did not arrive in time; send it in one go")
+	}
+	return errf(http.StatusBadRequest, CodeInvalid, "reading body: "+err.Error())
 }
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}

@@ -105,7 +105,7 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 	if c.r.Body != nil && c.r.Body != http.NoBody {
 		b, err := io.ReadAll(io.LimitReader(c.r.Body, s.cfg.MaxBody+1))
 		if err != nil {
-			return nil, errf(http.StatusBadRequest, CodeInvalid, "reading body: "+err.Error())
+			return nil, bodyReadError(err)
 		}
 		if int64(len(b)) > s.cfg.MaxBody {
 			return nil, errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")

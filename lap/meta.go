@@ -81,6 +81,9 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 		b, err := io.ReadAll(io.LimitReader(r.Body, MaxMetaBody+1))
 		if err != nil || len(b) > MaxMetaBody {
 			e := errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+			if err != nil {
+				e = bodyReadError(err)
+			}
 			s.auditRefusal(m.ctx, "", path, e)
 			writeError(w, e)
 			return

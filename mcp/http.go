@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"sort"
 	"strconv"
@@ -21,6 +20,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/clientip"
+	"github.com/lapd-dev/lapd/internal/hostguard"
 )
 
 // Auditor records refusals. *audit.Log satisfies it.
@@ -37,6 +38,14 @@ type HTTPConfig struct {
 	// call the endpoint. A request without an Origin header (every non-browser
 	// MCP client) and a same-origin request pass; any other Origin gets 403.
 	AllowedOrigins []string
+	// AllowedHosts are Host names served on a loopback connection besides
+	// loopback names; any other Host there gets 403 forbidden-host
+	// (DNS-rebinding protection), audited.
+	AllowedHosts []string
+	// TrustProxy is the number of reverse proxies in front whose
+	// X-Forwarded-For names the client (as lap.Config.TrustProxy); 0 = the
+	// socket's address. Per-IP limits count IPv6 clients per /64.
+	TrustProxy int
 
 	MaxSessions                int           // legacy MCP sessions in all [64]
 	MaxUnauthenticatedSessions int           // sessions with no connect_session yet; LRU-evicted [16]
@@ -60,6 +69,7 @@ type HTTPHandler struct {
 	exec     *Executor
 	mcp      *mcpserver.StreamableHTTPServer
 	sessions *sessionTable
+	hosts    *hostguard.Guard
 
 	ipMu sync.Mutex
 	ips  map[string]*rate.Limiter
@@ -99,7 +109,7 @@ func NewHTTPHandler(cfg HTTPConfig) (*HTTPHandler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	h := &HTTPHandler{cfg: cfg, ips: map[string]*rate.Limiter{}}
+	h := &HTTPHandler{cfg: cfg, ips: map[string]*rate.Limiter{}, hosts: hostguard.New(cfg.AllowedHosts)}
 	ec := cfg.Config
 	ec.Mode = ModeEndpoint
 	if ec.Bindings.Now == nil {
@@ -123,6 +133,9 @@ func NewHTTPHandler(cfg HTTPConfig) (*HTTPHandler, error) {
 	h.sessions = &sessionTable{cfg: &h.cfg, m: map[string]*httpSession{}, dropped: e.bindings.DropScope}
 	h.mcp = mcpserver.NewStreamableHTTPServer(s,
 		mcpserver.WithStateful(true), // DELETE ends a session; 404 after
+		// The Host check is ours (ServeHTTP): it also allows the configured
+		// public host and answers with the JSON envelope, audited.
+		mcpserver.WithDisableLocalhostProtection(true),
 		mcpserver.WithSessionIdManagerResolver(h.sessions),
 		mcpserver.WithStreamableHTTPLogger(e.log),
 	)
@@ -154,16 +167,8 @@ func (h *HTTPHandler) audit(r *http.Request, event string, detail map[string]any
 		return
 	}
 	detail["endpoint"] = "/agent/mcp"
-	detail["ip"] = clientIP(r)
+	detail["ip"] = clientip.Of(r, h.cfg.TrustProxy)
 	h.cfg.Audit.Record(r.Context(), audit.Entry{At: h.cfg.Now().UnixMilli(), Event: event, Detail: detail})
-}
-
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }
 
 func (h *HTTPHandler) originAllowed(r *http.Request) bool {
@@ -188,6 +193,11 @@ type reservationKey struct{}
 // ServeHTTP checks Origin, gates session creation (per-IP rate, capacity),
 // then hands the request to mcp-go.
 func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.hosts.Allowed(r) {
+		h.audit(r, audit.EventRefused, map[string]any{"status": http.StatusForbidden, "code": "forbidden-host", "host": r.Host})
+		writeJSONError(w, http.StatusForbidden, "forbidden-host", 0)
+		return
+	}
 	if !h.originAllowed(r) {
 		h.audit(r, audit.EventRefused, map[string]any{"status": http.StatusForbidden, "code": "forbidden-origin", "origin": r.Header.Get("Origin")})
 		writeJSONError(w, http.StatusForbidden, "forbidden-origin", 0)
@@ -231,7 +241,7 @@ func isInitialize(body []byte) bool {
 
 // allocate serves an initialize that will mint a session.
 func (h *HTTPHandler) allocate(w http.ResponseWriter, r *http.Request) {
-	lim := h.limiter(clientIP(r))
+	lim := h.limiter(clientip.KeyOf(r, h.cfg.TrustProxy))
 	res := lim.Reserve()
 	if d := res.Delay(); d > 0 {
 		res.Cancel()

@@ -164,6 +164,8 @@ type Config struct {
 	Audit          *audit.Log      // nil = no audit
 	Logger         *slog.Logger    // nil = discard
 	AllowedOrigins []string        // exact Origin values allowed besides same-origin
+	TrustProxy     int             // > 0: same-origin is judged from X-Forwarded-Proto/-Host (set by trusted proxies only)
+	PublicURL      string          // the public origin (https://app.example.com), always allowed
 	PingInterval   time.Duration   // default 15s; a tab that misses two pongs is closed
 	RPCTimeout     time.Duration   // default 15s (Call with timeout 0)
 	SendQueue      int             // frames queued per tab; default 256; full → tab closed

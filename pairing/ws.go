@@ -84,7 +84,9 @@ func (r *Registry) refuse(w http.ResponseWriter, status int, code, detail, tid s
 }
 
 // originAllowed is the CSWSH defence: no Origin (not a browser), an
-// allowlisted Origin, or the request's own origin.
+// allowlisted Origin, the PublicURL, or the request's own origin. The own
+// origin is built from X-Forwarded-Proto/-Host only behind a trusted proxy
+// (TrustProxy > 0): a direct client could write anything there.
 func (r *Registry) originAllowed(req *http.Request) bool {
 	origin := req.Header.Get("Origin")
 	if origin == "" {
@@ -95,16 +97,21 @@ func (r *Registry) originAllowed(req *http.Request) bool {
 			return true
 		}
 	}
+	if r.cfg.PublicURL != "" && strings.EqualFold(origin, strings.TrimRight(r.cfg.PublicURL, "/")) {
+		return true
+	}
 	scheme := "http"
 	if req.TLS != nil {
 		scheme = "https"
 	}
-	if p := firstValue(req.Header.Get("X-Forwarded-Proto")); p != "" {
-		scheme = p
-	}
 	host := req.Host
-	if h := firstValue(req.Header.Get("X-Forwarded-Host")); h != "" {
-		host = h
+	if r.cfg.TrustProxy > 0 {
+		if p := firstValue(req.Header.Get("X-Forwarded-Proto")); p == "http" || p == "https" {
+			scheme = p
+		}
+		if h := firstValue(req.Header.Get("X-Forwarded-Host")); h != "" {
+			host = h
+		}
 	}
 	return strings.EqualFold(origin, scheme+"://"+host)
 }

@@ -100,6 +100,7 @@ func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config,
 		Store:         c.Store,
 		Logger:        log,
 		Origins:       splitList(c.Origins),
+		Hosts:         splitList(c.Hosts),
 		TrustProxy:    c.TrustProxy,
 		PublicURL:     strings.TrimRight(c.PublicURL, "/"),
 		LAPRate:       rate.Limit(float64(c.LAPRate) / 60),
@@ -122,7 +123,9 @@ func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config,
 	case "true":
 		acfg.AllowAnonymous = true
 	case "auto":
-		acfg.AllowAnonymous = isLoopback(c.Addr)
+		// Behind a proxy every request arrives from loopback, from anyone:
+		// loopback then says nothing about who is asking.
+		acfg.AllowAnonymous = isLoopback(c.Addr) && c.TrustProxy == 0 && c.PublicURL == ""
 	}
 	for _, s := range splitList(c.Audit) {
 		switch {
