@@ -36,6 +36,9 @@ type apiError struct {
 	retryAfter  int64  // ms; >0 adds retryAfterMs and a Retry-After header (seconds, rounded up)
 	reconnect   string // 503 paused only
 	retryAfterS int    // explicit Retry-After seconds (paused); overrides retryAfter's header
+	// invalidToken marks a 401 for a bearer that was presented but is not
+	// valid (RFC 6750 error="invalid_token").
+	invalidToken bool
 }
 
 func errf(status int, code, detail string) *apiError {
@@ -77,6 +80,13 @@ func writeError(w http.ResponseWriter, e *apiError) {
 	}
 	if e.reconnect != "" {
 		h.Set("X-LLui-Reconnect", e.reconnect)
+	}
+	if e.status == http.StatusUnauthorized { // RFC 7235 §3.1, RFC 6750 §3
+		c := `Bearer realm="lapd"`
+		if e.invalidToken {
+			c += `, error="invalid_token"`
+		}
+		h.Set("WWW-Authenticate", c)
 	}
 	switch {
 	case e.retryAfterS > 0:

@@ -88,6 +88,10 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 			writeError(w, e)
 			return
 		}
+		if e := checkJSON(b); e != nil {
+			writeError(w, e)
+			return
+		}
 		m.body = b
 	}
 	res, e := h.fn(s, m)

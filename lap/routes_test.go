@@ -51,9 +51,9 @@ func TestRoutesSuccess(t *testing.T) {
 			}
 		}
 	}
-	// GET works on LAP routes (reference quirk)
-	if r := e.do("GET", "/agent/lap/v1/actions", token, ""); r.status != 200 {
-		t.Errorf("GET /actions: %d", r.status)
+	// GET is refused on LAP routes (the reference answers it with a null body)
+	if r := e.do("GET", "/agent/lap/v1/actions", token, ""); r.status != 405 || r.header.Get("Allow") != "POST" || r.code() != "method-not-allowed" {
+		t.Errorf("GET /actions: %d %v %s", r.status, r.header, r.body)
 	}
 	if n := len(e.sink.events(audit.EventLapCall)); n < len(tests) {
 		t.Errorf("lap-call audited %d times, want ≥ %d", n, len(tests))
@@ -70,7 +70,7 @@ func TestRoutesBadRequests(t *testing.T) {
 		{"/state", `{"path":5}`, "path must be a string"},
 		{"/query-state", `{}`, "path required"},
 		{"/message", `{"msg":{"type":1}}`, "msg.type must be a string"},
-		{"/message", `not json`, "msg.type must be a string"},
+		{"/message", `not json`, "not valid JSON"},
 		{"/message", `{"msg":{"type":"inc"},"idempotencyKey":"` + strings.Repeat("k", 201) + `"}`, "idempotencyKey"},
 		{"/narrate", `{"text":""}`, "text required"},
 		{"/narrate", `{}`, "text required"},

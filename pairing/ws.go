@@ -77,6 +77,9 @@ func (r *Registry) refuse(w http.ResponseWriter, status int, code, detail, tid s
 	if status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "5")
 	}
+	if status == http.StatusUnauthorized { // RFC 7235 §3.1, RFC 6750 §3
+		w.Header().Set("WWW-Authenticate", `Bearer realm="lapd"`)
+	}
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": body})
 	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventRefused,
