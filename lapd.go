@@ -17,6 +17,7 @@ import (
 	"github.com/lapd-dev/lapd/client"
 	"github.com/lapd-dev/lapd/confirm"
 	"github.com/lapd-dev/lapd/examples"
+	"github.com/lapd-dev/lapd/internal/redact"
 	"github.com/lapd-dev/lapd/lap"
 	"github.com/lapd-dev/lapd/mcp"
 	"github.com/lapd-dev/lapd/pairing"
@@ -58,6 +59,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	// Tokens are never logged: whatever reaches a log line (an error with a
+	// URL in it, a header) has agent tokens and tab secrets cut out.
+	s.log = slog.New(redact.Handler(s.log.Handler()))
 	defer func() {
 		if err != nil {
 			if s.audit == nil { // the sinks we were given are ours to close

@@ -15,9 +15,9 @@
 //	log.Record(ctx, audit.Entry{TID: tid, UID: uid, Event: audit.EventMint,
 //		Detail: map[string]any{"origin": origin}})
 //
-// Record stamps At (Unix ms) when it is zero, copies Detail (replacing any
-// string that starts with "agt_" by "agt_…redacted" and cutting long strings
-// to MaxDetailString bytes), and writes to every sink. It never returns an
+// Record stamps At (Unix ms) when it is zero, copies Detail (replacing every
+// agent token or tab secret inside a string by "agt_…redacted" and cutting
+// long strings to MaxDetailString bytes), and writes to every sink. It never returns an
 // error: a sink failure is counted (Failures) and logged as one warning
 // naming the sink's type. A nil *Log discards everything.
 //

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/lapd-dev/lapd"
+	"github.com/lapd-dev/lapd/internal/redact"
 	"github.com/lapd-dev/lapd/lap"
 )
 
@@ -192,11 +193,13 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return nil, usageError{"--log-level must be debug, info, warn or error"}
 	}
 	opts := &slog.HandlerOptions{Level: lv}
+	// Every log line (the HTTP server's own included) has agent tokens and
+	// tab secrets cut out, wherever they stand.
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(redact.Handler(slog.NewTextHandler(w, opts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(redact.Handler(slog.NewJSONHandler(w, opts))), nil
 	}
 	return nil, usageError{"--log-format must be text or json"}
 }
