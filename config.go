@@ -7,7 +7,9 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/confirm"
 	"github.com/lapd-dev/lapd/lap"
+	"github.com/lapd-dev/lapd/tokens"
 )
 
 // Config is everything New needs. The zero Config is a working lapd: memory
@@ -27,6 +29,13 @@ type Config struct {
 	DataDir string // directory of lapd.db; "" = memory stores
 	Store   string // "sqlite" (default when DataDir is set) or "memory"
 
+	// Your own implementations, used instead of the one Store names (for
+	// example a store in your app's database). lapd does not close them:
+	// they are yours. Each must pass its package's contract suite
+	// (tokens/storetest, confirm/storetest).
+	TokenStore   tokens.Store
+	ConfirmStore confirm.Store
+
 	Logger *slog.Logger // nil = discard; tokens are never logged
 
 	// Audit. Every entry goes to each sink; New opens the ones named here.
@@ -35,9 +44,10 @@ type Config struct {
 	AuditStdout bool         // JSONL on stdout
 	AuditSQLite bool         // audit_entries table in lapd.db (needs the sqlite store)
 
-	// Who may mint. Identity names the human behind a meta request from the
-	// host app's own session (lap.IdentityFunc adapts a function; see also
-	// lap.NewCookieIdentity and lap.NewJWTIdentity). AllowAnonymous lets
+	// Who may mint. Identity names the human behind a meta request (mint,
+	// resume, revoke, sessions) from the host app's own session: wrap your
+	// session lookup in lap.IdentityFunc, or use lap.NewCookieIdentity or
+	// lap.NewJWTIdentity. A uid of "" is anonymous; AllowAnonymous lets
 	// anyone who can reach {Prefix}/mint mint without one.
 	Identity       lap.IdentityResolver
 	AllowAnonymous bool

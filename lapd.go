@@ -106,7 +106,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.closers = append(s.closers, closerFunc(s.confirm.Close))
 	if s.lap, err = lap.New(lap.Config{
 		Tokens: s.tokens, Registry: s.registry, Confirm: s.confirm, Audit: s.audit, Logger: s.log,
-		Prefix:  s.prefix,
+		Prefix:  s.prefix + "/", // "/" alone: the root (lap's "" means its default)
 		LAPRate: cfg.LAPRate, LAPBurst: cfg.LAPBurst, MintRate: cfg.MintRate, MintBurst: cfg.MintBurst,
 		Identity: cfg.Identity, AllowAnonymous: cfg.AllowAnonymous, CORSOrigins: cfg.Origins,
 		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL, Clock: cfg.Clock,

@@ -8,12 +8,17 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/lapd-dev/lapd"
+	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/confirm"
+	"github.com/lapd-dev/lapd/lap"
 	"github.com/lapd-dev/lapd/lapdtest"
 	"github.com/lapd-dev/lapd/tokens"
 )
@@ -313,5 +318,109 @@ func TestRevoke(t *testing.T) {
 	}
 	if err := a.Revoke(ctxT(t), "nope"); !errors.Is(err, tokens.ErrForbidden) {
 		t.Errorf("revoking an unknown tid: %v", err)
+	}
+}
+
+// ownStore is the app's own token store (here a memory store that records
+// whether lapd closed it).
+type ownStore struct {
+	tokens.Store
+	closed atomic.Bool
+}
+
+func (s *ownStore) Close() error { s.closed.Store(true); return s.Store.Close() }
+
+type ownConfirmStore struct {
+	confirm.Store
+	closed atomic.Bool
+}
+
+func (s *ownConfirmStore) Close() error { s.closed.Store(true); return s.Store.Close() }
+
+// memSink is the app's own audit sink.
+type memSink struct {
+	mu     sync.Mutex
+	es     []audit.Entry
+	closed bool
+}
+
+func (s *memSink) Write(_ context.Context, e audit.Entry) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.es = append(s.es, e)
+	return nil
+}
+
+func (s *memSink) Close() error { s.mu.Lock(); s.closed = true; s.mu.Unlock(); return nil }
+
+// The implementation options: the app's own token and approval stores,
+// audit sink, and an identity that reads the app's own session cookie.
+func TestOwnImplementations(t *testing.T) {
+	t.Parallel()
+	sessions := map[string]string{"s-alice": "alice"} // the app's session table
+	id := lap.IdentityFunc(func(r *http.Request) (string, error) {
+		c, err := r.Cookie("sid")
+		if err != nil {
+			return "", nil // not logged in: anonymous
+		}
+		return sessions[c.Value], nil
+	})
+	ts := &ownStore{Store: tokens.NewMemoryStore()}
+	cs := &ownConfirmStore{Store: confirm.NewMemoryStore()}
+	sink := &memSink{}
+	a, srv, stop := start(t, lapd.Config{Identity: id, TokenStore: ts, ConfirmStore: cs, AuditSinks: []audit.Sink{sink}})
+
+	if st, _, m := post(t, srv.URL+"/agent/mint", "", ""); st != 401 {
+		t.Errorf("mint without the app's session: %d %v, want 401", st, m)
+	}
+	st, _, m := post(t, srv.URL+"/agent/mint", "", "", "Cookie", "sid=s-alice")
+	if st != 200 {
+		t.Fatalf("mint as alice: %d %v", st, m)
+	}
+	rec, err := ts.Get(ctxT(t), m["tid"].(string))
+	if err != nil || rec.UID != "alice" {
+		t.Errorf("the app's store has %+v, %v; want alice's record", rec, err)
+	}
+	if _, err := a.Tokens().Get(ctxT(t), rec.TID); err != nil {
+		t.Errorf("Tokens() does not read the app's store: %v", err)
+	}
+	stop()
+	if ts.closed.Load() || cs.closed.Load() {
+		t.Error("Shutdown closed a store the app passed in")
+	}
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	var mints []string
+	for _, e := range sink.es {
+		if e.Event == audit.EventMint {
+			mints = append(mints, e.UID)
+		}
+	}
+	if len(mints) != 1 || mints[0] != "alice" || !sink.closed {
+		t.Errorf("the app's sink: mints %v, closed %v; want [alice], closed", mints, sink.closed)
+	}
+}
+
+// Prefix "/" puts every route at the root of the handler.
+func TestRootPrefix(t *testing.T) {
+	t.Parallel()
+	_, srv, _ := start(t, lapd.Config{AllowAnonymous: true, Prefix: "/"})
+	sess, err := lapdtest.Mint(ctxT(t), nil, srv.URL+"/mint")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sess.LapURL != srv.URL+"/lap/v1" || !strings.HasSuffix(sess.WSURL, srv.URL[len("http"):]+"/ws") {
+		t.Errorf("mint URLs at the root: %q %q", sess.LapURL, sess.WSURL)
+	}
+	tab, err := sess.Pair(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Abort()
+	if st, body := get(t, srv.URL+"/healthz"); st != 200 || body != `{"status":"ok","tabs":1}` {
+		t.Errorf("healthz: %d %s", st, body)
+	}
+	if st, _ := get(t, srv.URL+"/client.js"); st != 200 {
+		t.Errorf("client.js at the root: %d", st)
 	}
 }

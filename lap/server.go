@@ -3,7 +3,8 @@
 // (/agent/lap/v1/observe, /message, ...), with the reference's gates, error
 // envelope and status codes, plus lapd's additions (docs/PROTOCOL.md).
 //
-// Build a Server from the other parts and mount its Handler:
+// Most programs get a Server from lapd.New, which wires every part. By hand,
+// build it from the other parts and mount its Handler:
 //
 //	srv, err := lap.New(lap.Config{Tokens: tm, Registry: reg, Confirm: cm, Audit: al})
 //	mux.Handle("/agent/", srv.Handler())
@@ -68,7 +69,7 @@ type Config struct {
 	Audit    *audit.Log        // nil = no audit
 	Logger   *slog.Logger      // nil = discard
 
-	Prefix   string // path prefix of the meta routes and of the WebSocket URL handed out by mint; default "/agent"
+	Prefix   string // path prefix of the meta routes and of the WebSocket URL handed out by mint; default "/agent"; "/" = the root
 	BasePath string // LAP base path; default Prefix+"/lap/v1"
 	MaxBody  int64  // LAP request body cap; default 1 MiB
 

@@ -11,11 +11,16 @@
 //	tab, sess, err := srv.Pair(ctx, lapdtest.WithApp(myApp))
 //	defer tab.Close()
 //	// drive it: LAP at sess.LapURL with sess.Token, or MCP at srv.MCPURL()
+//	// with sess.ConnectLine()
 //
 // Against a lapd mounted in your own server, mint and dial yourself:
 //
 //	sess, err := lapdtest.Mint(ctx, client, appURL+"/agent/mint") // client carries your login cookie
 //	tab, err := sess.Pair(ctx, lapdtest.WithApp(myApp))
+//
+// Server also keeps every audit entry (AuditEntries, WaitAudit: a signal to
+// wait on, not a poll) and can Restart on the same address, as a deploy
+// would.
 //
 // # The app a tab plays
 //
@@ -36,10 +41,14 @@
 //
 // # Approvals, watches and frames
 //
-// An action that requires confirm answers pending-confirmation and waits:
-// PendingConfirms lists the ids, Approve applies the msg and sends
-// confirm-resolved {outcome:"confirmed", stateAfter}, Reject sends
-// {outcome:"user-cancelled"}. SetState changes the state as the human
+// An action that requires confirm answers pending-confirmation and waits
+// for the human, played by the test: WaitConfirm returns the next proposal,
+// Server.Approve or Server.Reject answers it once lapd has recorded it (or
+// Tab.Approve/Reject directly, e.g. after send_message returned
+// pending-confirmation). Approve applies the msg and sends confirm-resolved
+// {outcome:"confirmed", stateAfter}; Reject sends {outcome:
+// "user-cancelled"}. Approvals lapd re-delivers after a reconnect
+// (confirm-sync) are adopted as lapd.js does. SetState changes the state as the human
 // would, answering open watches with state-update frames. Every frame the
 // server sent is recorded: Next, WaitFor, Frames and Count read them, Done
 // and CloseStatus tell how the connection ended. Abort and Kill drop the
@@ -47,4 +56,13 @@
 //
 // A refused dial returns a *DialError with the HTTP status and body (lapd
 // refuses a bad token before the upgrade); a refused mint a *MintError.
+//
+// # Staying connected
+//
+// Dial connects once. Keep keeps a session's tab paired the way lapd.js
+// does: it reconnects after a server restart or a dropped connection with
+// lapd.js's backoff (Backoff: 1, 2, 4, 8, 16, then 30 s; GiveUp after 5
+// minutes), carries the app's state over, and stops with an *EndedError
+// when the session is revoked, superseded or refused. examples/gotab is a
+// command around it.
 package lapdtest

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -21,6 +22,7 @@ type Server struct {
 	URL  string       // base URL, http://127.0.0.1:PORT (no trailing slash)
 	Lapd *lapd.Server // the running parts (Tokens, Registry, Audit, Revoke, …)
 
+	cfg   lapd.Config
 	http  *httptest.Server
 	audit *recorder
 }
@@ -42,7 +44,32 @@ func NewServer(cfg lapd.Config) *Server {
 		panic("lapdtest: " + err.Error())
 	}
 	hs := httptest.NewServer(l.Handler())
-	return &Server{URL: hs.URL, Lapd: l, http: hs, audit: rec}
+	return &Server{URL: hs.URL, Lapd: l, cfg: cfg, http: hs, audit: rec}
+}
+
+// Restart shuts lapd down as a deploy would (tabs get 1012 and reconnect)
+// and starts a new one from the same Config on the same address. Sessions
+// survive only with persistent stores (a DataDir, or your own TokenStore and
+// ConfirmStore), inside the grace window. Lapd is replaced: do not call
+// Restart while other goroutines use the Server.
+func (s *Server) Restart() error {
+	addr := s.http.Listener.Addr().String()
+	s.Close()
+	l, err := lapd.New(context.Background(), s.cfg)
+	if err != nil {
+		return fmt.Errorf("lapdtest: restart: %w", err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		_ = l.Shutdown(context.Background())
+		return fmt.Errorf("lapdtest: restart: %w", err)
+	}
+	hs := httptest.NewUnstartedServer(l.Handler())
+	hs.Listener.Close()
+	hs.Listener = ln
+	hs.Start()
+	s.Lapd, s.http = l, hs
+	return nil
 }
 
 // Close shuts lapd down gracefully (tabs are closed with 1012, audit is

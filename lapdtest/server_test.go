@@ -138,7 +138,7 @@ func TestServerPairsAnApp(t *testing.T) {
 	}
 	// The tab sent a log-append after its replies, as lapd.js does.
 	if _, err := srv.WaitAudit(ctxT(t), func(e audit.Entry) bool {
-		return e.Detail["source"] == "client-log" && e.Detail["variant"] == "add" && e.Detail["kind"] == "dispatched"
+		return e.Detail["source"] == "client-log" && e.Detail["variant"] == "add" && e.Detail["kind"] == "dispatched" && e.Detail["intent"] == "Add a task"
 	}); err != nil {
 		t.Error(err)
 	}

@@ -396,8 +396,8 @@ func (t *Tab) readLoop() {
 		if json.Unmarshal(b, &env) != nil {
 			continue
 		}
-		// watches are stored before the frame is recorded, so a test that
-		// saw the watch frame can SetState right away.
+		// watches and synced approvals are stored before the frame is
+		// recorded, so a test that saw the frame can act on it right away.
 		switch env.T {
 		case "watch", "unwatch":
 			var id string
@@ -409,6 +409,8 @@ func (t *Tab) readLoop() {
 				delete(t.watches, id)
 			}
 			t.mu.Unlock()
+		case "confirm-sync":
+			t.syncConfirms(b)
 		}
 		t.record(Frame{T: env.T, Raw: b})
 		switch env.T {
@@ -439,6 +441,41 @@ func (t *Tab) readLoop() {
 			t.mu.Unlock()
 		}
 	}
+}
+
+// syncConfirms adopts the approvals lapd says are pending for this session
+// (after a reload or a reconnect), as lapd.js's syncConfirms does, so
+// PendingConfirms, WaitConfirm and Approve see them.
+func (t *Tab) syncConfirms(frame []byte) {
+	var f struct {
+		Pending []struct {
+			ConfirmID string          `json:"confirmId"`
+			Variant   string          `json:"variant"`
+			Payload   json.RawMessage `json:"payload"`
+		} `json:"pending"`
+	}
+	if json.Unmarshal(frame, &f) != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range f.Pending {
+		if p.ConfirmID == "" {
+			continue
+		}
+		if _, ok := t.pending[p.ConfirmID]; ok {
+			continue
+		}
+		msg := map[string]any{}
+		_ = json.Unmarshal(p.Payload, &msg)
+		if msg == nil {
+			msg = map[string]any{}
+		}
+		msg["type"] = p.Variant
+		t.pending[p.ConfirmID] = pendingConfirm{variant: p.Variant, msg: msg}
+		t.proposed = append(t.proposed, p.ConfirmID)
+	}
+	t.wakeLocked()
 }
 
 func (t *Tab) record(f Frame) {
@@ -674,30 +711,105 @@ func (t *Tab) answer(id, tool string, args json.RawMessage) {
 		}
 	}
 	if t.cfg.logAppend {
-		entry := map[string]any{"id": id, "at": time.Now().UnixMilli(), "kind": "read", "intent": tool}
-		if rerr != nil {
-			entry["kind"] = "error"
-		}
-		if tool == "send_message" {
-			var a struct {
-				Msg map[string]any `json:"msg"`
-			}
-			_ = json.Unmarshal(args, &a)
-			entry["variant"] = a.Msg["type"]
-			if m, ok := res.(map[string]any); ok {
-				switch m["status"] {
-				case "dispatched", "confirmed":
-					entry["kind"] = "dispatched"
-					entry["stateDiff"] = m["stateDiff"]
-				case "pending-confirmation":
-					entry["kind"] = "proposed"
-				case "rejected":
-					entry["kind"] = "blocked"
-				}
-			}
-		}
-		_ = t.Send(ctx, map[string]any{"t": "log-append", "entry": entry})
+		_ = t.Send(ctx, map[string]any{"t": "log-append", "entry": t.logEntry(id, tool, args, res, rerr)})
 	}
+}
+
+// readIntents are lapd.js's activity-feed intents of the read tools.
+var readIntents = map[string]string{
+	"get_state": "Read app state", "query_state": "Query app state", "list_actions": "List actions",
+	"describe_visible_content": "Describe visible content", "describe_context": "Describe context",
+	"observe": "Observe the app",
+}
+
+// logEntry is the activity entry lapd.js sends in the log-append after an
+// rpc reply.
+func (t *Tab) logEntry(id, tool string, args json.RawMessage, res any, rerr *RPCError) map[string]any {
+	intent := readIntents[tool]
+	if intent == "" {
+		intent = tool
+	}
+	entry := map[string]any{"id": id, "at": time.Now().UnixMilli(), "kind": "read", "intent": intent}
+	var a struct {
+		Path string         `json:"path"`
+		Name string         `json:"name"`
+		Msg  map[string]any `json:"msg"`
+	}
+	_ = json.Unmarshal(args, &a)
+	variant, _ := a.Msg["type"].(string)
+	m, _ := res.(map[string]any)
+	switch tool {
+	case "query_state":
+		entry["intent"] = "Query state: " + a.Path
+	case "query_dom":
+		entry["intent"] = "Query DOM: " + a.Name
+	case "would_dispatch":
+		entry["intent"], entry["variant"] = "Predict: "+variant, variant
+	case "send_message":
+		entry["variant"], entry["detail"] = variant, msgDetail(a.Msg)
+		entry["intent"] = variant
+		if act, ok := t.action(variant); ok && act.Intent != "" {
+			entry["intent"] = act.Intent
+		}
+		switch m["status"] {
+		case "dispatched", "confirmed":
+			entry["kind"], entry["stateDiff"] = "dispatched", m["stateDiff"]
+		case "pending-confirmation":
+			entry["kind"] = "proposed"
+		case "rejected":
+			entry["kind"] = "blocked"
+			entry["detail"] = fmt.Sprintf("%v: %v", m["reason"], m["detail"])
+		}
+	}
+	if rerr != nil {
+		entry["kind"], entry["detail"] = "error", rerr.Detail
+	}
+	return entry
+}
+
+// msgDetail is lapd.js's msgDetail: the first three non-type fields as
+// k=v, each value cut at 30 characters.
+func msgDetail(msg map[string]any) string {
+	keys := make([]string, 0, len(msg))
+	for k := range msg {
+		if k != "type" {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys) // JS keeps insertion order; a decoded Go map has none
+	if len(keys) > 3 {
+		keys = keys[:3]
+	}
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		var v string
+		switch x := msg[k].(type) {
+		case nil:
+			v = "null"
+		case string:
+			b, _ := json.Marshal(x)
+			v = string(b)
+		case []any:
+			v = fmt.Sprintf("[%d]", len(x))
+		case map[string]any:
+			ks := make([]string, 0, len(x))
+			for k := range x {
+				ks = append(ks, k)
+			}
+			sort.Strings(ks)
+			if len(ks) > 3 {
+				ks = ks[:3]
+			}
+			v = "{" + strings.Join(ks, ",") + "}"
+		default:
+			v = fmt.Sprint(x)
+		}
+		if r := []rune(v); len(r) > 30 {
+			v = string(r[:30]) + "…"
+		}
+		parts = append(parts, k+"="+v)
+	}
+	return strings.Join(parts, " ")
 }
 
 func (t *Tab) action(variant string) (Action, bool) {
