@@ -304,6 +304,11 @@ type closerFunc func() error
 
 func (f closerFunc) Close() error { return f() }
 
+// RedactLogs wraps h so that no log line carries an agent token or a tab
+// secret, wherever it stands in the message or an attribute. New does this to
+// Config.Logger; use it for loggers of your own that may see lapd's errors.
+func RedactLogs(h slog.Handler) slog.Handler { return redact.Handler(h) }
+
 // Version is lapd's module version from the build info (the main module's
 // in the lapd binary, the dependency's in a program that embeds lapd), or
 // "dev".

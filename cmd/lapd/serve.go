@@ -16,7 +16,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/lapd-dev/lapd"
-	"github.com/lapd-dev/lapd/internal/redact"
 	"github.com/lapd-dev/lapd/lap"
 )
 
@@ -197,9 +196,9 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	// tab secrets cut out, wherever they stand.
 	switch format {
 	case "text":
-		return slog.New(redact.Handler(slog.NewTextHandler(w, opts))), nil
+		return slog.New(lapd.RedactLogs(slog.NewTextHandler(w, opts))), nil
 	case "json":
-		return slog.New(redact.Handler(slog.NewJSONHandler(w, opts))), nil
+		return slog.New(lapd.RedactLogs(slog.NewJSONHandler(w, opts))), nil
 	}
 	return nil, usageError{"--log-format must be text or json"}
 }
