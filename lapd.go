@@ -89,6 +89,13 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if s.tokens, err = tokens.NewManager(tokens.Config{Store: tstore, TTL: cfg.TokenTTL, SlidingTTL: cfg.SlidingTTL, Grace: cfg.Grace, Clock: cfg.Clock}); err != nil {
 		return nil, err
 	}
+	// Sockets of a previous process are gone, whether it stopped gracefully
+	// or was killed: their sessions get a grace from now to re-pair.
+	if n, err := s.tokens.AfterRestart(ctx); err != nil {
+		return nil, fmt.Errorf("lapd: %w", err)
+	} else if n > 0 {
+		s.log.Info("sessions of the previous process wait for their tabs to re-pair", "sessions", n)
+	}
 	if s.registry, err = pairing.New(pairing.Config{
 		Tokens: s.tokens, Audit: s.audit, Logger: s.log, AllowedOrigins: cfg.Origins,
 		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL,

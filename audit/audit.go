@@ -56,6 +56,7 @@ const (
 	EventRefused        = "refused"         // any other refusal: detail {endpoint, status, code}
 	EventConfirmExpired = "confirm-expired" // an approval nobody answered timed out
 	EventDisconnect     = "disconnect"      // a tab's socket closed: detail {reason}
+	EventSupersede      = "supersede"       // a newer socket for a tid replaced a live one (closed 4002): detail {tabSecret, approvals}
 )
 
 // Entry is one audit record. Wire shape: {at(ms), tid|null, uid|null, event, detail}.

@@ -19,7 +19,7 @@ func TestRefusedBeforeUpgrade(t *testing.T) {
 	ctx := context.Background()
 
 	revoked, revokedTID := e.mint("u")
-	if _, err := e.tm.Revoke(ctx, revokedTID, "u"); err != nil {
+	if _, err := e.tm.Revoke(ctx, revokedTID, tokens.Owner{UID: "u"}); err != nil {
 		t.Fatal(err)
 	}
 	graceGone, graceTID := e.mint("")

@@ -25,6 +25,8 @@ import (
 const (
 	Subprotocol         = "lapd.v2"
 	TokenProtocolPrefix = "lapd.token."
+	// TabProtocolPrefix carries the tab secret: "lapd.tab.<secret>".
+	TabProtocolPrefix = "lapd.tab."
 )
 
 const wsEndpoint = "/agent/ws"
@@ -37,6 +39,10 @@ type conn struct {
 	ws     *websocket.Conn
 	nc     net.Conn // the hijacked connection, to bound a close handshake
 	repair bool
+	// tab: the socket proved the session's tab secret. noApprove: it did
+	// not, and it superseded a live socket; its confirm-resolved frames are
+	// refused.
+	tab, noApprove bool
 
 	mu       sync.Mutex
 	q        [][]byte
@@ -133,9 +139,15 @@ func bearer(req *http.Request) string {
 	if a := req.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
 		return strings.TrimSpace(a[7:])
 	}
+	return protocolValue(req, TokenProtocolPrefix)
+}
+
+// protocolValue is the value of the first Sec-WebSocket-Protocol entry
+// "<prefix><value>", or "".
+func protocolValue(req *http.Request, prefix string) string {
 	for _, h := range req.Header.Values("Sec-WebSocket-Protocol") {
 		for _, p := range strings.Split(h, ",") {
-			if t, ok := strings.CutPrefix(strings.TrimSpace(p), TokenProtocolPrefix); ok && t != "" {
+			if t, ok := strings.CutPrefix(strings.TrimSpace(p), prefix); ok && t != "" {
 				return t
 			}
 		}
@@ -192,8 +204,11 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	ctx := req.Context()
-	rec, repair, err := r.cfg.Tokens.Accept(ctx, token)
+	rec, repair, err := r.cfg.Tokens.AcceptTab(ctx, token, protocolValue(req, TabProtocolPrefix))
 	switch {
+	case errors.Is(err, tokens.ErrTabSecret):
+		r.refuse(w, http.StatusUnauthorized, "auth-failed", "this session's socket opens with its tab secret (sub-protocol lapd.tab.<secret>), which only the tab that minted it holds", rec.TID)
+		return
 	case errors.Is(err, tokens.ErrRevoked):
 		r.refuse(w, http.StatusForbidden, "revoked", "token revoked", rec.TID)
 		return
@@ -206,7 +221,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	c := &conn{r: r, repair: repair}
+	c := &conn{r: r, repair: repair, tab: rec.TabHash != ""}
 	hr := &hijackRecorder{ResponseWriter: w}
 	ws, err := websocket.Accept(hr, req, &websocket.AcceptOptions{
 		Subprotocols: []string{Subprotocol},
@@ -224,7 +239,8 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	ws.SetReadLimit(r.cfg.MaxFrame)
 	c.ws, c.nc = ws, hr.nc
-	if !r.register(rec.TID, c) { // Shutdown began meanwhile
+	old, ok := r.register(rec.TID, c)
+	if !ok { // Shutdown began meanwhile
 		_, _ = r.cfg.Tokens.Disconnected(context.Background(), rec.TID)
 		if c.nc != nil {
 			_ = c.nc.SetDeadline(time.Now().Add(closeGrace))
@@ -232,19 +248,25 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		ws.Close(CloseRestart, "server restarting")
 		return
 	}
+	if old != nil {
+		r.cfg.Audit.Record(ctx, audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventSupersede,
+			Detail: map[string]any{"tabSecret": c.tab, "approvals": !c.noApprove}})
+	}
 	r.cfg.Audit.Record(ctx, audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventClaim,
 		Detail: map[string]any{"transport": "ws", "repair": repair}})
 	err = c.readLoop()
 	r.connGone(c, err)
 }
 
-// register makes c the tid's socket; an older one is superseded.
-func (r *Registry) register(tid string, c *conn) bool {
+// register makes c the tid's socket; an older live one is superseded (and
+// returned). A socket without the tab secret that supersedes a live one may
+// not approve. false when Shutdown began.
+func (r *Registry) register(tid string, c *conn) (*conn, bool) {
 	now := time.Now().UnixMilli()
 	r.mu.Lock()
 	if r.shutting {
 		r.mu.Unlock()
-		return false
+		return nil, false
 	}
 	s := r.sessions[tid]
 	if s == nil {
@@ -269,10 +291,15 @@ func (r *Registry) register(tid string, c *conn) bool {
 	}
 	r.mu.Unlock()
 	if old != nil {
+		old.mu.Lock()
+		live := !old.closing && !old.gone
+		old.mu.Unlock()
+		// Set before c's reader starts, which is the only one to read it.
+		c.noApprove = live && !c.tab
 		r.superseded.Add(1)
 		old.close(CloseSuperseded, "superseded")
 	}
-	return true
+	return old, true
 }
 
 // connGone runs on the reader goroutine when c's socket has ended.
