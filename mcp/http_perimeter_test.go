@@ -67,7 +67,9 @@ func (hh *httpHarness) alive(ip, id string) bool {
 	return hh.rawFrom(ip, id, listBody).StatusCode == http.StatusOK
 }
 
-func token(i int) string { return "agt_" + strings.Repeat(string(rune('a'+i%26)), 42) + string(rune('A'+i/26)) }
+func token(i int) string {
+	return "agt_" + strings.Repeat(string(rune('a'+i%26)), 42) + string(rune('A'+i/26))
+}
 
 // One client used to take every MCP session: connected sessions were never
 // evicted, so one IP with 8 anonymous tokens filled all 64 and everyone
