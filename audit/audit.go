@@ -59,6 +59,14 @@ const (
 	EventSupersede      = "supersede"       // a newer socket for a tid replaced a live one (closed 4002): detail {tabSecret, approvals}
 )
 
+// Events lists every event name above, in that order (for validating a
+// filter, e.g. `lapd audit --event`).
+func Events() []string {
+	return []string{EventMint, EventClaim, EventRevoke, EventLapCall, EventMsgDispatched, EventMsgBlocked,
+		EventConfirmProposed, EventConfirmApproved, EventConfirmRejected, EventRateLimited, EventAuthFailed,
+		EventResume, EventRefused, EventConfirmExpired, EventDisconnect}
+}
+
 // Entry is one audit record. Wire shape: {at(ms), tid|null, uid|null, event, detail}.
 type Entry struct {
 	At     int64          `json:"at"`
