@@ -226,7 +226,7 @@ wait:
 		// page's app code holds it; the LLM never does).
 		secret := tab.evalString(`JSON.parse(sessionStorage.getItem('lapd:session')).tabSecret`)
 		var out map[string]any
-		if st := srv2.postJSON(t, "/agent/revoke", "", map[string]any{"tid": tid}, &out); st != 403 {
+		if st := srv2.postJSON(t, "/agent/revoke", "", map[string]any{"tid": tid}, &out); st != 404 {
 			t.Fatalf("revoke by tid alone: %d %v", st, out)
 		}
 		if st := srv2.postJSON(t, "/agent/revoke", "", map[string]any{"tid": tid, "tabSecret": secret}, &out); st != 200 {

@@ -290,7 +290,7 @@ func (s *Server) revoke(m *metaCall) (any, *apiError) {
 			// Unknown and someone else's answer alike, so a tid's existence
 			// is not revealed. (The reference answers 403 revoked, which
 			// reads like success although nothing was revoked.)
-			return nil, errf(http.StatusNotFound, CodeNotFound, "no session "+quoteTID(tid)+" that you may revoke: nothing was revoked; pass the tid from the mint response (GET /agent/sessions lists yours)")
+			return nil, errf(http.StatusNotFound, CodeNotFound, "no session "+quoteTID(tid)+" that you may revoke: nothing was revoked; pass the tid from the mint response (GET /agent/sessions lists yours), and for an anonymous session its tabSecret (or, minted without one, its token)")
 		}
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "revoke failed")
 	}

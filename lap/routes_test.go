@@ -396,7 +396,7 @@ func TestWaitEndsWithAdvice(t *testing.T) {
 		}
 		want := "retry in a few seconds"
 		if how == "revoked" {
-			if r := e.do("POST", "/agent/revoke", "", `{"tid":"`+tid+`"}`); r.status != 200 {
+			if r := e.do("POST", "/agent/revoke", "", `{"tid":"`+tid+`","token":"`+token+`"}`); r.status != 200 {
 				t.Fatalf("revoke: %d %s", r.status, r.body)
 			}
 			want = "new connect line"
