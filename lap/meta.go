@@ -64,8 +64,10 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 	}
 	defer s.leave()
 	if r.Method != h.method {
+		e := errf(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "use "+h.method)
 		w.Header().Set("Allow", h.method)
-		writeError(w, errf(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "use "+h.method))
+		s.auditRefusal(r.Context(), "", path, e)
+		writeError(w, e)
 		return
 	}
 	m := &metaCall{r: r, ctx: r.Context(), origin: s.requestOrigin(r)}
