@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
@@ -50,7 +51,7 @@ type HTTPConfig struct {
 	MaxSessions                int           // legacy MCP sessions in all [64]
 	MaxUnauthenticatedSessions int           // sessions with no connect_session yet [16]
 	MaxSessionsPerToken        int           // sessions bound to one agt_ token; its LRU is evicted [8]
-	MaxSessionsPerIP           int           // sessions of one client IP (IPv6: per /64); its own are evicted first [16]
+	MaxSessionsPerIP           int           // sessions of one client IP (IPv6: per /64; loopback exempt); its own are evicted first [16]
 	IdleTTL                    time.Duration // session dropped after this long unused [30 min]
 	UnauthenticatedLifetime    time.Duration // absolute life of a session that never connected [30 min]
 	CreateRate                 rate.Limit    // session creations per second per client IP [1]
@@ -245,7 +246,8 @@ func isInitialize(body []byte) bool {
 
 // allocate serves an initialize that will mint a session.
 func (h *HTTPHandler) allocate(w http.ResponseWriter, r *http.Request) {
-	ip := clientip.KeyOf(r, h.cfg.TrustProxy)
+	addr := clientip.Of(r, h.cfg.TrustProxy)
+	ip := clientip.Key(addr)
 	lim := h.limiter(ip)
 	res := lim.Reserve()
 	if d := res.Delay(); d > 0 {
@@ -254,7 +256,7 @@ func (h *HTTPHandler) allocate(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusTooManyRequests, "rate-limited", d)
 		return
 	}
-	rv, evicted, ok := h.sessions.reserve(ip)
+	rv, evicted, ok := h.sessions.reserve(ip, isLoopback(addr))
 	for _, ev := range evicted {
 		h.exec.log.Info("mcp: session evicted to make room", "session", ev.id, "ip", ev.ip, "connected", ev.authenticated, "for_ip", ip)
 	}
@@ -282,6 +284,12 @@ func (h *HTTPHandler) limiter(ip string) *rate.Limiter {
 	return l
 }
 
+// isLoopback reports whether addr is a loopback address.
+func isLoopback(addr string) bool {
+	a, err := netip.ParseAddr(strings.Trim(addr, "[]"))
+	return err == nil && a.Unmap().IsLoopback()
+}
+
 // --- session table -------------------------------------------------------
 
 // The table is fair by construction. Every session belongs to a client IP
@@ -295,12 +303,14 @@ func (h *HTTPHandler) limiter(ip string) *rate.Limiter {
 //  3. a full table evicts from the IP holding the most sessions.
 //
 // Within an IP the victim is a session that never connected if there is
-// one, else the least recently used session of its token with the most
-// sessions. So one IP with a handful of anonymous tokens holds at most
+// one, else the least recently used session of the token with the most
+// sessions (among equals, the one whose least recently used session is
+// oldest). So one IP with a handful of anonymous tokens holds at most
 // MaxSessionsPerIP of MaxSessions, and a client from elsewhere always gets
-// a slot. On a loopback install every client shares one IP; there the cap
-// per token (MaxSessionsPerToken) and "biggest token first" keep one
-// token's sessions from crowding out another's.
+// a slot. Loopback clients are exempt from the cap per IP: they are everyone
+// on the machine, and the cap would only shrink the table for all of them;
+// among them the cap per token (MaxSessionsPerToken) and "biggest token
+// first" keep one token's sessions from crowding out another's.
 
 type httpSession struct {
 	id            string
@@ -311,8 +321,9 @@ type httpSession struct {
 }
 
 type reservation struct {
-	ip   string
-	used bool
+	ip       string
+	loopback bool
+	used     bool
 }
 
 // sessionTable is mcp-go's SessionIdManager(+Resolver) for the endpoint: it
@@ -363,7 +374,7 @@ func (m *tableManager) Generate() string {
 		ip = m.rv.ip
 		t.unreserveLocked(ip)
 	} else {
-		dropped, _ = t.makeRoomLocked(now, ip)
+		dropped, _ = t.makeRoomLocked(now, ip, false)
 	}
 	id := newSessionID()
 	t.m[id] = &httpSession{id: id, ip: ip, created: now, used: now}
@@ -499,24 +510,31 @@ func (t *sessionTable) victimLocked(ip string) *httpSession {
 		return s
 	}
 	per := map[string]int{}
+	lru := map[string]*httpSession{}
 	for _, s := range t.m {
 		if s.ip == ip {
 			per[s.tokenKey]++
+			if l := lru[s.tokenKey]; l == nil || s.used.Before(l.used) || (s.used.Equal(l.used) && s.id < l.id) {
+				lru[s.tokenKey] = s
+			}
 		}
 	}
-	var key string
+	// The token with the most sessions; among equals, the one whose least
+	// recently used session is oldest.
+	var victim *httpSession
 	n := -1
 	for k, c := range per {
-		if c > n || (c == n && k < key) {
-			key, n = k, c
+		l := lru[k]
+		if c > n || (c == n && (l.used.Before(victim.used) || (l.used.Equal(victim.used) && l.id < victim.id))) {
+			victim, n = l, c
 		}
 	}
-	return t.lruLocked(func(s *httpSession) bool { return s.ip == ip && s.tokenKey == key })
+	return victim
 }
 
 // makeRoomLocked evicts what a new session from ip needs (see the rules
 // above) and reports whether a slot is free for it.
-func (t *sessionTable) makeRoomLocked(now time.Time, ip string) ([]*httpSession, bool) {
+func (t *sessionTable) makeRoomLocked(now time.Time, ip string, loopback bool) ([]*httpSession, bool) {
 	var out []*httpSession
 	evict := func(s *httpSession) {
 		t.killLocked(s)
@@ -531,10 +549,15 @@ func (t *sessionTable) makeRoomLocked(now time.Time, ip string) ([]*httpSession,
 		}
 	}
 	// 2. this IP's share
-	if per, _ := t.countLocked(all, true); per[ip] >= t.cfg.MaxSessionsPerIP {
-		if v := t.victimLocked(ip); v != nil {
-			evict(v)
+	for !loopback {
+		if per, _ := t.countLocked(all, true); per[ip] < t.cfg.MaxSessionsPerIP {
+			break
 		}
+		v := t.victimLocked(ip)
+		if v == nil {
+			break // only its own initializes in flight
+		}
+		evict(v)
 	}
 	// 3. the whole table
 	for {
@@ -553,11 +576,11 @@ func (t *sessionTable) makeRoomLocked(now time.Time, ip string) ([]*httpSession,
 // reserve takes a slot for a new session from ip, evicting as needed (the
 // evicted are returned, for the log). false only when every slot is taken by
 // initializes still in flight.
-func (t *sessionTable) reserve(ip string) (*reservation, []*httpSession, bool) {
+func (t *sessionTable) reserve(ip string, loopback bool) (*reservation, []*httpSession, bool) {
 	t.mu.Lock()
 	now := t.cfg.Now()
 	dropped := t.sweepLocked(now)
-	evicted, ok := t.makeRoomLocked(now, ip)
+	evicted, ok := t.makeRoomLocked(now, ip, loopback)
 	if ok {
 		if t.reserved == nil {
 			t.reserved = map[string]int{}
@@ -571,7 +594,7 @@ func (t *sessionTable) reserve(ip string) (*reservation, []*httpSession, bool) {
 	if !ok {
 		return nil, evicted, false
 	}
-	return &reservation{ip: ip}, evicted, true
+	return &reservation{ip: ip, loopback: loopback}, evicted, true
 }
 
 // release returns an unused reservation (the initialize failed before Generate).

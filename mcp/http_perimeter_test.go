@@ -114,13 +114,13 @@ func TestHTTPOneIPCannotTakeEverySession(t *testing.T) {
 	}
 }
 
-// On a loopback install every client shares one IP: there the biggest
-// token's sessions go first, so one token's flood does not evict another
-// token's session.
+// On a loopback install every client shares one IP: the cap per IP does
+// not apply there, and the biggest token's sessions go first, so one
+// token's flood does not evict another token's session.
 func TestHTTPSameIPBiggestTokenFirst(t *testing.T) {
 	t.Parallel()
 	hh := newHTTPHarness(t, func(c *HTTPConfig) {
-		c.MaxSessions, c.MaxSessionsPerIP, c.MaxSessionsPerToken = 6, 6, 6
+		c.MaxSessions, c.MaxSessionsPerIP, c.MaxSessionsPerToken = 6, 2, 6
 		c.CreateRate, c.CreateBurst = 1000, 1000
 	})
 	const ip = "127.0.0.1"
@@ -130,5 +130,9 @@ func TestHTTPSameIPBiggestTokenFirst(t *testing.T) {
 	}
 	if !hh.alive(ip, victim) {
 		t.Fatal("one token's flood evicted another token's only session")
+	}
+	// The cap per IP does not shrink the table for everyone on the machine.
+	if n := hh.h.Sessions(); n != 6 {
+		t.Fatalf("%d sessions from loopback, want the whole table (6)", n)
 	}
 }
