@@ -3,6 +3,7 @@ package mcp
 import (
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -85,4 +86,23 @@ func TestBridgeSendsTheBearerOnlyToLAP(t *testing.T) {
 			t.Error("the redirect was followed with the bearer")
 		}
 	}
+}
+
+func FuzzLAPBase(f *testing.F) {
+	f.Add("http://127.0.0.1:8787/agent/lap/v1")
+	f.Add("http://127.0.0.1:9/admin/secret?")
+	f.Fuzz(func(t *testing.T, raw string) {
+		b, err := LAPBase(raw)
+		if err != nil {
+			return
+		}
+		u, perr := url.Parse(b)
+		if perr != nil || !strings.HasSuffix(u.Path, "/lap/v1") || u.RawQuery != "" || u.Fragment != "" || u.User != nil ||
+			(u.Scheme != "http" && u.Scheme != "https") || strings.Contains(u.Path, "/../") {
+			t.Fatalf("LAPBase(%q) = %q", raw, b)
+		}
+		if again, err := LAPBase(b); err != nil || again != b {
+			t.Fatalf("not stable: %q → %q → %q, %v", raw, b, again, err)
+		}
+	})
 }

@@ -71,7 +71,7 @@ func Name(hostport string) string {
 		h = host
 	}
 	h = strings.Trim(h, "[]")
-	return strings.TrimSuffix(strings.ToLower(h), ".")
+	return strings.TrimRight(strings.ToLower(h), ".")
 }
 
 // IsLoopbackName reports whether a host name (as Name returns it) can only

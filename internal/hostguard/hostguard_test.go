@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -44,4 +45,21 @@ func TestAllowed(t *testing.T) {
 			t.Errorf("local %s Host %q: %v, want %v", tc.local, tc.host, got, tc.want)
 		}
 	}
+}
+
+func FuzzName(f *testing.F) {
+	for _, s := range []string{"localhost:8787", "[::1]:80", "evil.example.", "127.0.0.1", "a.localhost", ""} {
+		f.Add(s)
+	}
+	g := New([]string{"app.example.com"})
+	f.Fuzz(func(t *testing.T, host string) {
+		n := Name(host)
+		if n != strings.ToLower(n) || strings.HasSuffix(n, ".") {
+			t.Fatalf("Name(%q) = %q", host, n)
+		}
+		allowed := g.Allowed(req("127.0.0.1:8787", host))
+		if allowed != (IsLoopbackName(n) || n == "app.example.com") {
+			t.Fatalf("Allowed(%q) = %v for name %q", host, allowed, n)
+		}
+	})
 }

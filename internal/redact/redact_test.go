@@ -47,3 +47,17 @@ func TestHandler(t *testing.T) {
 		t.Error("double wrap")
 	}
 }
+
+func FuzzString(f *testing.F) {
+	f.Add("Bearer " + tok)
+	f.Add("x" + tab + "y" + tok[:10])
+	f.Fuzz(func(t *testing.T, s string) {
+		out := String(s)
+		if secretRE.MatchString(strings.ReplaceAll(out, Redacted, "")) {
+			t.Fatalf("a secret survived: %q → %q", s, out)
+		}
+		if again := String(out); again != out {
+			t.Fatalf("not idempotent: %q → %q → %q", s, out, again)
+		}
+	})
+}
