@@ -224,8 +224,14 @@ wait:
 		tab.waitStatus("idle", 10*time.Second)
 	} else {
 		tid := tab.evalString(`window.__lapd.session.tid`)
+		// An anonymous session is revoked with the tab's own secret (the
+		// page's app code holds it; the LLM never does).
+		secret := tab.evalString(`JSON.parse(sessionStorage.getItem('lapd:session')).tabSecret`)
 		var out map[string]any
-		if st := srv2.postJSON(t, "/agent/revoke", "", map[string]any{"tid": tid}, &out); st != 200 {
+		if st := srv2.postJSON(t, "/agent/revoke", "", map[string]any{"tid": tid}, &out); st != 404 {
+			t.Fatalf("revoke by tid alone: %d %v", st, out)
+		}
+		if st := srv2.postJSON(t, "/agent/revoke", "", map[string]any{"tid": tid, "tabSecret": secret}, &out); st != 200 {
 			t.Fatalf("POST /agent/revoke: %d %v", st, out)
 		}
 		tab.waitStatus("idle", 10*time.Second)

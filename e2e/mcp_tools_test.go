@@ -274,7 +274,9 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *lapdtest.Tab, 
 
 	// Revoked: the user revokes in the app; the next call says so.
 	h, _ = mcpConnect(t, c, m)
-	if st := s.postJSON(t, "/agent/revoke", "", map[string]string{"tid": m.TID}, nil); st != 200 {
+	// (an anonymous session is revoked with proof: this one was minted
+	// without a tab secret, so its token)
+	if st := s.postJSON(t, "/agent/revoke", "", map[string]string{"tid": m.TID, "token": m.Token}, nil); st != 200 {
 		t.Fatalf("revoke: status %d", st)
 	}
 	mcpWantError(t, mcpCall(t, c, "observe", map[string]any{"session": h}), "revoked", "revoked", "connect line")

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -471,11 +470,11 @@ func (e *Executor) connect(ctx context.Context, a args, p *progress) (*mcpgo.Cal
 		if base == "" {
 			return nil, invalidArgs("no LAP URL given; pass the whole connect line as line, or url and token")
 		}
-		u, err := url.Parse(base)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, invalidArgs("url must be an http(s) URL like http://localhost:8080/agent/lap/v1")
+		b, err := LAPBase(base)
+		if err != nil {
+			return nil, invalidArgs("%s", err.Error())
 		}
-		base = strings.TrimRight(base, "/")
+		base = b
 	}
 	if !strings.HasPrefix(token, "agt_") {
 		return nil, invalidArgs("no agt_… token given; pass the whole connect line the user copied from the app")

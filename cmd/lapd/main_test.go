@@ -237,6 +237,22 @@ func TestLapdConfig(t *testing.T) {
 	if a, _ := lapdConfig(c, io.Discard, nil); a.AllowAnonymous {
 		t.Error("auto must refuse anonymous mint when listening beyond loopback")
 	}
+	// Behind a proxy everything arrives from loopback, from anyone.
+	for _, mod := range []func(*serveConfig){
+		func(c *serveConfig) { c.TrustProxy = 1 },
+		func(c *serveConfig) { c.PublicURL = "https://app.example.com" },
+	} {
+		c = base
+		mod(&c)
+		if a, _ := lapdConfig(c, io.Discard, nil); a.AllowAnonymous {
+			t.Errorf("auto must refuse anonymous mint behind a proxy (trust-proxy %d, public-url %q)", c.TrustProxy, c.PublicURL)
+		}
+	}
+	c = base
+	c.Hosts = "lapd.internal, app.example.com"
+	if a, _ := lapdConfig(c, io.Discard, nil); len(a.Hosts) != 2 || a.Hosts[1] != "app.example.com" {
+		t.Errorf("--hosts: %v", a.Hosts)
+	}
 	c = base
 	c.Audit = "stdout,carrier-pigeon"
 	if _, err := lapdConfig(c, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "carrier-pigeon") {

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	neturl "net/url"
-	"strings"
 	"time"
 
 	"github.com/lapd-dev/lapd/lap"
@@ -51,11 +49,11 @@ func runMCP(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	cfg.Budgets.Read = readBudget
 	if url != "" {
-		u, err := neturl.Parse(url)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return usageError{"--url must be an http(s) URL such as http://127.0.0.1:8787/agent/lap/v1"}
+		base, err := mcp.LAPBase(url)
+		if err != nil {
+			return usageError{"--url: " + err.Error()}
 		}
-		cfg.DefaultURL = strings.TrimRight(url, "/")
+		cfg.DefaultURL = base
 	}
 	log.Info("lapd mcp: serving MCP on stdio", "default_url", url)
 	if err := mcp.ServeStdio(ctx, cfg, stdin, stdout); err != nil {

@@ -19,6 +19,7 @@ type serveConfig struct {
 	DataDir         string
 	Store           string
 	Origins         string
+	Hosts           string
 	AllowAnonymous  string // auto | true | false
 	TrustProxy      int
 	TokenTTL        time.Duration
@@ -57,7 +58,8 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.String(&c.DataDir, "data-dir", "lapd-data", "directory for the SQLite database (tokens, pending approvals, audit)")
 	fs.String(&c.Store, "store", "sqlite", "token and approval store: sqlite (in --data-dir) or memory (lost on restart)")
 	fs.String(&c.Origins, "origins", "", "comma-separated extra origins allowed for the WebSocket, CORS on meta routes and /agent/mcp, each scheme://host[:port] such as https://app.example.com (same origin is always allowed)")
-	fs.String(&c.AllowAnonymous, "allow-anonymous", "auto", "mint tokens without an identity: auto (only when listening on loopback), true, false")
+	fs.String(&c.Hosts, "hosts", "", "comma-separated extra Host names served on a loopback listener (loopback names and the --public-url host always are); any other Host is refused (DNS-rebinding protection)")
+	fs.String(&c.AllowAnonymous, "allow-anonymous", "auto", "mint tokens without an identity: auto (only when listening on loopback and neither --trust-proxy nor --public-url is set), true, false")
 	fs.Int(&c.TrustProxy, "trust-proxy", 0, "number of reverse proxies in front of lapd whose X-Forwarded-* headers are trusted")
 	fs.Duration(&c.TokenTTL, "token-ttl", 24*time.Hour, "hard expiry of an agent token, a `duration` like 24h")
 	fs.Duration(&c.SlidingTTL, "sliding-ttl", 0, "expire a token unused for this long (0 = off)")
