@@ -1281,12 +1281,26 @@ export function createAgent(opts) {
   // ── confirms ──
   function pendingConfirms() { return [...confirms.values()].filter((c) => c.status === 'pending') }
 
+  // Every approval is gated again right before it runs, whatever frame
+  // brought it (our own proposal, or a confirm-sync after a reload): an
+  // unknown or human-only variant, or a payload that fails its schema, is
+  // never dispatched; it is answered as rejected instead.
+  function approvalMsg(c) { return { ...fromWire(c.payload && typeof c.payload === 'object' ? c.payload : {}), type: c.variant } }
+  function refuseApproval(c, gate) {
+    confirms.delete(c.id)
+    sendOrQueue({ t: 'confirm-resolved', confirmId: c.id, outcome: 'user-cancelled' })
+    addLog({ id: `confirm-${c.id}`, at: now(), kind: 'blocked', variant: c.variant, intent: c.intent, detail: `approval refused: ${gate.reason}: ${gate.detail}` })
+    emit('confirm', pendingConfirms(), { ...c, status: 'rejected', reason: gate.reason })
+  }
+
   async function approve(confirmId) {
     const c = confirms.get(confirmId)
     if (!c || c.status !== 'pending') return false
+    const msg = approvalMsg(c)
+    const gate = gateMessage(actions, msg)
+    if (gate) { refuseApproval(c, gate); return false }
     c.status = 'approved'
     emit('confirm', pendingConfirms(), c)
-    const msg = { ...fromWire(c.payload || {}), type: c.variant }
     const drain = await runDispatch(msg, { waitFor: 'drained', drainQuietMs: 100, timeoutMs: 2000 })
     confirms.delete(confirmId)
     const stateAfter = wireState()
@@ -1319,11 +1333,14 @@ export function createAgent(opts) {
     let changed = false
     for (const p of pending.slice(0, LIMITS.pendingConfirms)) {
       if (!p || typeof p.confirmId !== 'string' || confirms.has(p.confirmId) || answered.has(p.confirmId)) continue
-      const a = actions && own(actions, p.variant) ? actions[p.variant] : null
-      confirms.set(p.confirmId, {
+      const a = actions && typeof p.variant === 'string' && own(actions, p.variant) ? actions[p.variant] : null
+      const c = {
         id: p.confirmId, variant: p.variant, payload: p.payload ?? {}, intent: p.intent || (a && a.intent) || p.variant,
         reason: p.reason ?? null, proposedAt: p.proposedAt ?? now(), expiresAt: p.expiresAt, status: 'pending',
-      })
+      }
+      const gate = gateMessage(actions, approvalMsg(c))
+      if (gate) { refuseApproval(c, gate); continue } // never shown: it could not run anyway
+      confirms.set(p.confirmId, c)
       changed = true
     }
     if (changed) { emit('confirm', pendingConfirms()); if (ui) ui.render() }

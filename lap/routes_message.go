@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,34 +25,16 @@ type messageBody struct {
 	IdempotencyKey json.RawMessage `json:"idempotencyKey"`
 }
 
-// msgType returns msg.type when msg is an object with a string type.
-func msgType(raw json.RawMessage) (string, bool) {
-	b := trimSpace(raw)
-	if len(b) == 0 || b[0] != '{' {
-		return "", false
+// splitMsg reads msg's variant and payload by exact key (schema.SplitMsg),
+// with the tab's policy discriminant: the one decode audit, policy and
+// stored approvals all use.
+func (c *call) splitMsg(msg json.RawMessage) (variant string, payload json.RawMessage, ae *apiError) {
+	pol, _ := c.s.policy(c.tid) // a policy error is reported by checkPolicy
+	variant, payload, err := schema.SplitMsg(msg, pol.Discriminant())
+	if err != nil {
+		return "", nil, errf(http.StatusBadRequest, CodeInvalid, strings.TrimPrefix(err.Error(), schema.ErrBadMsg.Error()+": "))
 	}
-	var m struct {
-		Type json.RawMessage `json:"type"`
-	}
-	if json.Unmarshal(b, &m) != nil || len(m.Type) == 0 {
-		return "", false
-	}
-	var t string
-	if json.Unmarshal(m.Type, &t) != nil {
-		return "", false
-	}
-	return t, true
-}
-
-// payloadOf is msg without its type field.
-func payloadOf(msg json.RawMessage) json.RawMessage {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(msg, &m) != nil {
-		return nil
-	}
-	delete(m, "type")
-	b, _ := json.Marshal(m)
-	return b
+	return variant, payload, nil
 }
 
 // policyCache keeps each tid's compiled hello.policy, keyed by its bytes.
@@ -114,9 +97,9 @@ func (c *call) checkPolicy(msg json.RawMessage, variant string) (*schema.Rejecti
 func routeMessage(c *call) (any, *apiError) {
 	var b messageBody
 	c.decode(&b)
-	variant, ok := msgType(b.Msg)
-	if !ok {
-		return nil, errf(http.StatusBadRequest, CodeInvalid, "msg.type must be a string")
+	variant, payload, ae := c.splitMsg(b.Msg)
+	if ae != nil {
+		return nil, ae
 	}
 	key, ok := optString(b.IdempotencyKey)
 	if !ok || len(key) > MaxIdempotencyKeyLen {
@@ -124,14 +107,14 @@ func routeMessage(c *call) (any, *apiError) {
 	}
 	reason, _ := optString(b.Reason)
 	c.audit = map[string]any{"tool": "send_message", "variant": variant}
-	run := func() (any, *apiError) { return c.message(b, variant, reason) }
+	run := func() (any, *apiError) { return c.message(b, variant, payload, reason) }
 	if key == "" {
 		return run()
 	}
 	return c.s.idem.do(c.ctx, c.tid, key, run)
 }
 
-func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
+func (c *call) message(b messageBody, variant string, payload json.RawMessage, reason string) (any, *apiError) {
 	rej, pol, ae := c.checkPolicy(b.Msg, variant)
 	if ae != nil {
 		return nil, ae
@@ -171,7 +154,7 @@ func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
 	if out.ConfirmID == "" {
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "the tab proposed a confirmation without a confirmId")
 	}
-	p := confirm.Pending{TID: c.tid, ConfirmID: out.ConfirmID, Variant: variant, Payload: payloadOf(b.Msg), Reason: reason}
+	p := confirm.Pending{TID: c.tid, ConfirmID: out.ConfirmID, Variant: variant, Payload: payload, Reason: reason}
 	if pol != nil {
 		if a, ok := pol.Variant(variant); ok {
 			p.Intent = a.Intent
@@ -251,9 +234,9 @@ func routeWouldDispatch(c *call) (any, *apiError) {
 		Msg json.RawMessage `json:"msg"`
 	}
 	c.decode(&b)
-	variant, ok := msgType(b.Msg)
-	if !ok {
-		return nil, errf(http.StatusBadRequest, CodeInvalid, "msg with a string type required")
+	variant, _, ae := c.splitMsg(b.Msg)
+	if ae != nil {
+		return nil, ae
 	}
 	c.audit = map[string]any{"tool": "would_dispatch", "variant": variant}
 	rej, _, ae := c.checkPolicy(b.Msg, variant)

@@ -241,11 +241,9 @@ func (p *Policy) Check(msg json.RawMessage) *Rejection {
 	if p == nil {
 		return nil
 	}
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(msg))
-	obj, isObj := doc.(map[string]any)
-	name, isStr := obj[p.discriminant].(string)
-	if err != nil || !isObj || !isStr {
-		return reject(ReasonInvalid, fmt.Sprintf("msg.%s must be a string", p.discriminant))
+	name, payload, err := SplitMsg(msg, p.discriminant)
+	if err != nil {
+		return reject(ReasonInvalid, strings.TrimPrefix(err.Error(), ErrBadMsg.Error()+": "))
 	}
 	v, ok := p.variants[name]
 	if !ok {
@@ -257,7 +255,10 @@ func (p *Policy) Check(msg json.RawMessage) *Rejection {
 	if v.schema == nil {
 		return nil
 	}
-	delete(obj, p.discriminant)
+	obj, err := jsonschema.UnmarshalJSON(bytes.NewReader(payload))
+	if err != nil {
+		return reject(ReasonInvalid, "msg is not valid JSON")
+	}
 	err = v.schema.Validate(obj)
 	if err == nil {
 		return nil
@@ -346,6 +347,9 @@ func fieldErrors(ve *jsonschema.ValidationError) []FieldError {
 	if len(out) == 0 {
 		add("", ve.Error())
 	}
+	// The validator walks objects in map order: sort so one payload always
+	// gets the same answer.
+	slices.SortStableFunc(out, func(a, b FieldError) int { return strings.Compare(a.Path, b.Path) })
 	return out
 }
 

@@ -279,6 +279,42 @@ test('confirm: reject, confirm-expire, confirm-sync', async () => {
   agent.destroy()
 })
 
+test('confirm-sync and approve re-gate: human-only, unknown or schema-failing approvals never run', async () => {
+  let resets = 0
+  let clears = 0
+  const actions = {
+    addTask: { intent: 'Add a task', schema: { type: 'object', required: ['title'], properties: { title: { type: 'string' } } }, handler: () => {} },
+    clearAll: { intent: 'Delete every task', requiresConfirm: true, handler: () => { clears++ } },
+    reset: { intent: 'Reset everything', humanOnly: true, handler: () => { resets++ } },
+  }
+  const { agent, ws } = await connected({ actions })
+  // What a server that stored {"type":"clearAll","Type":"reset"} as "reset" re-delivered after a reload.
+  ws.frame({ t: 'confirm-sync', pending: [
+    { confirmId: 'h1', variant: 'reset', payload: { Type: 'reset' }, intent: 'Reset everything' },
+    { confirmId: 'u1', variant: 'nuke', payload: {} },
+    { confirmId: 's1', variant: 'addTask', payload: { title: 5 } },
+    { confirmId: 'ok', variant: 'clearAll', payload: {} },
+  ] })
+  assert.deepEqual(agent.pendingConfirms().map((c) => c.id), ['ok'])
+  const answers = ws.frames('confirm-resolved').map((f) => [f.confirmId, f.outcome])
+  assert.deepEqual(answers, [['h1', 'user-cancelled'], ['u1', 'user-cancelled'], ['s1', 'user-cancelled']])
+  assert.equal(await agent.approve('h1'), false)
+  assert.equal(resets, 0, 'the human-only handler never ran')
+  assert.match(agent.log().find((e) => e.id === 'confirm-h1').detail, /human-only/)
+
+  // approve() gates again: the app made clearAll human-only after it was proposed.
+  const r = await rpc(ws, 'send_message', { msg: { type: 'clearAll' } })
+  const id = r.reply.result.confirmId
+  actions.clearAll.humanOnly = true
+  assert.equal(await agent.approve(id), false)
+  assert.equal(clears, 0, 'not dispatched')
+  assert.deepEqual(ws.frames('confirm-resolved').at(-1), { t: 'confirm-resolved', confirmId: id, outcome: 'user-cancelled' })
+  assert.deepEqual(agent.pendingConfirms().map((c) => c.id), ['ok'])
+  assert.equal(await agent.approve('ok'), false, 'clearAll is human-only now')
+  actions.clearAll.humanOnly = false
+  agent.destroy()
+})
+
 test('watch → state-update when the pointed value changes; log-push is echoed', async () => {
   const { agent, ws, store } = await connected()
   ws.frame({ t: 'watch', id: 'w1', path: '/filter' })
