@@ -1,13 +1,11 @@
 package lap
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
@@ -29,7 +27,7 @@ type messageBody struct {
 // with the tab's policy discriminant: the one decode audit, policy and
 // stored approvals all use.
 func (c *call) splitMsg(msg json.RawMessage) (variant string, payload json.RawMessage, ae *apiError) {
-	pol, _ := c.s.policy(c.tid) // a policy error is reported by checkPolicy
+	pol, _ := c.s.policy(c.ctx, c.tid) // a policy error is reported by checkPolicy
 	variant, payload, err := schema.SplitMsg(msg, pol.Discriminant())
 	if err != nil {
 		return "", nil, errf(http.StatusBadRequest, CodeInvalid, strings.TrimPrefix(err.Error(), schema.ErrBadMsg.Error()+": "))
@@ -37,50 +35,12 @@ func (c *call) splitMsg(msg json.RawMessage) (variant string, payload json.RawMe
 	return variant, payload, nil
 }
 
-// policyCache keeps each tid's compiled hello.policy, keyed by its bytes.
-type policyCache struct {
-	mu sync.Mutex
-	m  map[string]policyEntry
-}
-
-type policyEntry struct {
-	raw []byte
-	pol *schema.Policy
-	err error
-}
-
-// policy returns tid's compiled policy: nil when the tab sent none.
-func (s *Server) policy(tid string) (*schema.Policy, error) {
-	h, ok := s.cfg.Registry.Hello(tid)
-	if !ok || len(trimSpace(h.Policy)) == 0 || string(trimSpace(h.Policy)) == "null" {
-		return nil, nil
-	}
-	pc := &s.policies
-	pc.mu.Lock()
-	e, ok := pc.m[tid]
-	pc.mu.Unlock()
-	if ok && bytes.Equal(e.raw, h.Policy) {
-		return e.pol, e.err
-	}
-	pol, err := schema.Parse(h.Policy)
-	pc.mu.Lock()
-	if pc.m == nil {
-		pc.m = map[string]policyEntry{}
-	}
-	pc.m[tid] = policyEntry{raw: append([]byte(nil), h.Policy...), pol: pol, err: err}
-	pc.mu.Unlock()
-	return pol, err
-}
-
-func (pc *policyCache) drop(tid string) {
-	pc.mu.Lock()
-	delete(pc.m, tid)
-	pc.mu.Unlock()
-}
-
 // checkPolicy enforces the tab's policy; a non-nil result is the 200 rejection body.
 func (c *call) checkPolicy(msg json.RawMessage, variant string) (*schema.Rejection, *schema.Policy, *apiError) {
-	pol, err := c.s.policy(c.tid)
+	pol, err := c.s.policy(c.ctx, c.tid)
+	if errors.Is(err, errCompileBusy) {
+		return nil, nil, errf(http.StatusServiceUnavailable, CodeRateLimited, "lapd is busy compiling app policies; retry in a few seconds")
+	}
 	if err != nil {
 		return nil, nil, errf(http.StatusInternalServerError, CodeSchemaError, "the app sent an invalid hello.policy: "+err.Error())
 	}

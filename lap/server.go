@@ -82,6 +82,8 @@ type Config struct {
 	TrustProxy     int              // number of trusted proxies: X-Forwarded-For/-Proto/-Host are read only when > 0
 	PublicURL      string           // public origin (https://app.example.com) for mint/claim URLs and origins; "" = from each request
 
+	PolicyCacheBytes int // compiled hello.policy kept (shared by tabs sending the same one); default 64 MiB
+
 	IdempotencyTTL time.Duration    // how long a /message idempotencyKey is remembered; default 10m
 	MaxIdemKeys    int              // keys remembered per tid; default 1,000
 	Clock          func() time.Time // default time.Now
@@ -94,7 +96,7 @@ type Server struct {
 	lapRate  *limiter
 	mintRate *limiter
 	idem     *idempotency
-	policies policyCache
+	policies *policyCache
 	descs    descCache
 	cors     map[string]bool
 	handler  http.Handler
@@ -158,6 +160,7 @@ func New(cfg Config) (*Server, error) {
 		lapRate:  newLimiter(cfg.LAPRate, cfg.LAPBurst, cfg.MaxRateKeys, cfg.Clock),
 		mintRate: newLimiter(cfg.MintRate, cfg.MintBurst, cfg.MaxRateKeys, cfg.Clock),
 		idem:     newIdempotency(cfg.IdempotencyTTL, cfg.MaxIdemKeys, cfg.Clock),
+		policies: newPolicyCache(cfg.PolicyCacheBytes),
 		cors:     map[string]bool{},
 		idle:     make(chan struct{}),
 		tabs:     map[string]struct{}{},
