@@ -54,6 +54,7 @@
 package confirm
 
 import (
+	"bytes"
 	"container/list"
 	"context"
 	"encoding/json"
@@ -77,7 +78,8 @@ var ErrTooManyPending = errors.New("confirm: too many pending approvals for this
 var ErrClosed = errors.New("confirm: manager closed")
 
 // ErrDuplicate is returned by Propose when the confirmId is already pending
-// for that tid.
+// for that tid with another variant or payload. Proposing the same approval
+// again is not an error.
 var ErrDuplicate = errors.New("confirm: confirmId already pending")
 
 // Bounds of a Manager.
@@ -282,7 +284,10 @@ func validID(s string) bool { return s != "" && len(s) <= MaxIDLen }
 // Propose records a pending approval (ProposedAt/ExpiresAt filled if zero).
 // If the id was already resolved (the human answered before the proposal was
 // recorded), Propose does nothing and returns nil: Wait returns that answer.
-// It returns ErrDuplicate if the id is already pending, ErrTooManyPending past
+// Proposing an approval that is already pending with the same variant and
+// payload does nothing (a retried /message whose tab answered with the same
+// confirmId). It returns ErrDuplicate if the id is pending for another
+// variant or payload, ErrTooManyPending past
 // MaxPendingPerTID, and the Store's error if persisting fails.
 func (m *Manager) Propose(ctx context.Context, p Pending) error {
 	if !validID(p.TID) || !validID(p.ConfirmID) {
@@ -305,7 +310,10 @@ func (m *Manager) Propose(ctx context.Context, p Pending) error {
 		p.ExpiresAt = now.Add(m.cfg.Expiry).UnixMilli()
 	}
 	ts := m.tid(p.TID)
-	if _, ok := ts.pending[p.ConfirmID]; ok {
+	if e, ok := ts.pending[p.ConfirmID]; ok {
+		if e.p.Variant == p.Variant && bytes.Equal(e.p.Payload, p.Payload) {
+			return nil // the same proposal again (a retried /message)
+		}
 		return ErrDuplicate
 	}
 	if _, ok := ts.kept[p.ConfirmID]; ok {

@@ -234,13 +234,17 @@ func TestProposeErrors(t *testing.T) {
 	if err := m.Propose(ctx, prop("t", "c")); err != nil {
 		t.Fatal(err)
 	}
+	// the same proposal again (a retried /message) is not an error
+	if err := m.Propose(ctx, prop("t", "c")); err != nil {
+		t.Fatalf("re-proposing the same approval: %v", err)
+	}
 	long := string(make([]byte, MaxIDLen+1))
 	tests := []struct {
 		name string
 		p    Pending
 		want error
 	}{
-		{"duplicate", prop("t", "c"), ErrDuplicate},
+		{"duplicate id, other variant", Pending{TID: "t", ConfirmID: "c", Variant: "resetDemo"}, ErrDuplicate},
 		{"empty tid", prop("", "c"), nil},
 		{"empty id", prop("t", ""), nil},
 		{"long id", prop("t", long), nil},

@@ -24,6 +24,7 @@ const (
 	CodeNotFound         = "not-found"
 	CodeShuttingDown     = "shutting-down"
 	CodeForbiddenOrigin  = "forbidden-origin"
+	CodeConflict         = "conflict"
 )
 
 // apiError is an error response: status plus the envelope fields and headers.
@@ -34,6 +35,7 @@ type apiError struct {
 	retryAfter  int64  // ms; >0 adds retryAfterMs and a Retry-After header (seconds, rounded up)
 	reconnect   string // 503 paused only
 	retryAfterS int    // explicit Retry-After seconds (paused); overrides retryAfter's header
+	inDoubt     bool   // the tab may have acted on the call (an rpc frame was sent): not on the wire
 }
 
 func errf(status int, code, detail string) *apiError {

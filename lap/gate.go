@@ -210,8 +210,19 @@ func (c *call) rpc(tool string, args any, timeout time.Duration) (json.RawMessag
 	return res, nil
 }
 
-// rpcErr maps a Registry error to the wire.
+// rpcErr maps a Registry error to the wire; an error after the frame was
+// sent is marked in doubt (for idempotency).
 func (c *call) rpcErr(err error) *apiError {
+	ae := c.mapRPCErr(err)
+	if errors.Is(err, pairing.ErrOutcomeUnknown) {
+		cp := *ae
+		cp.inDoubt = true
+		ae = &cp
+	}
+	return ae
+}
+
+func (c *call) mapRPCErr(err error) *apiError {
 	var re *pairing.RPCError
 	switch {
 	case errors.Is(err, pairing.ErrPaused):

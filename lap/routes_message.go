@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,14 +68,14 @@ func routeMessage(c *call) (any, *apiError) {
 	}
 	reason, _ := optString(b.Reason)
 	c.audit = map[string]any{"tool": "send_message", "variant": variant}
-	run := func() (any, *apiError) { return c.message(b, variant, payload, reason) }
+	run := func() (any, *apiError) { return c.message(b, variant, payload, reason, key) }
 	if key == "" {
 		return run()
 	}
 	return c.s.idem.do(c.ctx, c.tid, key, run)
 }
 
-func (c *call) message(b messageBody, variant string, payload json.RawMessage, reason string) (any, *apiError) {
+func (c *call) message(b messageBody, variant string, payload json.RawMessage, reason, key string) (any, *apiError) {
 	rej, pol, ae := c.checkPolicy(b.Msg, variant)
 	if ae != nil {
 		return nil, ae
@@ -88,6 +89,12 @@ func (c *call) message(b messageBody, variant string, payload json.RawMessage, r
 		if len(v) > 0 {
 			args[k] = v
 		}
+	}
+	if key != "" {
+		// The tab de-duplicates by key too (client/lapd.js keeps it for ttl,
+		// across a reload): the end-to-end guarantee of docs/PROTOCOL.md.
+		args["idempotencyKey"], _ = json.Marshal(key)
+		args["idempotencyTtlMs"] = json.RawMessage(strconv.FormatInt(c.s.cfg.IdempotencyTTL.Milliseconds(), 10))
 	}
 	rawArgs, err := json.Marshal(args)
 	if err != nil {
@@ -121,6 +128,16 @@ func (c *call) message(b messageBody, variant string, payload json.RawMessage, r
 		}
 	}
 	if err := c.s.cfg.Confirm.Propose(context.WithoutCancel(c.ctx), p); err != nil {
+		switch {
+		case errors.Is(err, confirm.ErrDuplicate):
+			// The tab reused an id still pending for another action: the
+			// pending one stands; this one is not recorded.
+			return nil, errf(http.StatusConflict, CodeConflict, "the app answered with approval id "+out.ConfirmID+", already waiting for another action; ask the user to answer it in the app (or reload the app), then try again")
+		case errors.Is(err, confirm.ErrTooManyPending):
+			// The tab shows an approval lapd cannot record: take it back.
+			_ = c.s.cfg.Registry.Push(c.tid, map[string]any{"t": "confirm-expire", "confirmId": out.ConfirmID, "reason": "too-many-pending"})
+			return nil, errf(http.StatusTooManyRequests, CodeRateLimited, "too many approvals are waiting in this session; ask the user to answer them in the app first")
+		}
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "recording the approval: "+err.Error())
 	}
 	c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventConfirmProposed, map[string]any{"variant": variant, "confirmId": out.ConfirmID})

@@ -84,9 +84,11 @@ type Config struct {
 
 	PolicyCacheBytes int // compiled hello.policy kept (shared by tabs sending the same one); default 64 MiB
 
-	IdempotencyTTL time.Duration    // how long a /message idempotencyKey is remembered; default 10m
-	MaxIdemKeys    int              // keys remembered per tid; default 1,000
-	Clock          func() time.Time // default time.Now
+	IdempotencyTTL  time.Duration    // how long a /message idempotencyKey is remembered; default 10m
+	MaxIdemKeys     int              // keys remembered per tid; default 1,000
+	IdemBytesPerTID int              // bytes of remembered /message bodies per tid; default 16 MiB
+	IdemBytes       int              // bytes of remembered /message bodies in all; default 128 MiB
+	Clock           func() time.Time // default time.Now
 }
 
 // Server serves the meta and LAP routes. Safe for concurrent use.
@@ -148,6 +150,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxIdemKeys <= 0 {
 		cfg.MaxIdemKeys = 1000
 	}
+	if cfg.IdemBytesPerTID <= 0 {
+		cfg.IdemBytesPerTID = DefaultIdemBytesPerTID
+	}
+	if cfg.IdemBytes <= 0 {
+		cfg.IdemBytes = DefaultIdemBytes
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
@@ -159,7 +167,7 @@ func New(cfg Config) (*Server, error) {
 		log:      cfg.Logger,
 		lapRate:  newLimiter(cfg.LAPRate, cfg.LAPBurst, cfg.MaxRateKeys, cfg.Clock),
 		mintRate: newLimiter(cfg.MintRate, cfg.MintBurst, cfg.MaxRateKeys, cfg.Clock),
-		idem:     newIdempotency(cfg.IdempotencyTTL, cfg.MaxIdemKeys, cfg.Clock),
+		idem:     newIdempotency(cfg.IdempotencyTTL, cfg.MaxIdemKeys, cfg.IdemBytesPerTID, cfg.IdemBytes, cfg.Clock),
 		policies: newPolicyCache(cfg.PolicyCacheBytes),
 		cors:     map[string]bool{},
 		idle:     make(chan struct{}),

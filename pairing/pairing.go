@@ -26,7 +26,8 @@
 //
 // Every Call is answered exactly once: the tab's rpc-reply (result bytes are
 // passed through undecoded), its rpc-error (*RPCError), ErrTimeout, ErrPaused
-// when the tab goes away with no successor, or ctx.Err().
+// when the tab goes away with no successor, or ctx.Err(). An error after the
+// frame was queued also matches ErrOutcomeUnknown: the tab may have acted.
 //
 // # Costs and limits
 //
@@ -69,7 +70,19 @@ var (
 	ErrClosed  = errors.New("pairing: registry closed")   // shutting down
 	// ErrBusy: the tab already has MaxInFlight calls or watches waiting.
 	ErrBusy = errors.New("pairing: too many calls in flight for this tab")
+	// ErrOutcomeUnknown is also matched (errors.Is) by a Call error that
+	// came after the rpc frame was queued for the tab, other than the tab's
+	// own rpc-error: the tab may have acted on the call (ErrPaused when it
+	// went away, ErrTimeout, ErrClosed, ctx.Err()). Without it the frame
+	// never left lapd and the tab cannot have acted.
+	ErrOutcomeUnknown = errors.New("pairing: the tab may have acted on the call")
 )
+
+// inDoubt is a Call error after the frame was queued.
+type inDoubt struct{ err error }
+
+func (e inDoubt) Error() string   { return e.err.Error() + " (the tab may have acted on it)" }
+func (e inDoubt) Unwrap() []error { return []error{e.err, ErrOutcomeUnknown} }
 
 // Defaults for the zero values of Config, and fixed limits.
 const (
@@ -411,16 +424,23 @@ func (r *Registry) Call(ctx context.Context, tid, tool string, args any, timeout
 	if err != nil {
 		return nil, err
 	}
+	sent := true
 	if err := c.enqueue(frame); err != nil {
 		// The socket went away between await and enqueue: its close (or a
 		// successor) retires the call; if nobody has yet, we do.
 		if s.retire(&s.calls, id, callResult{err: ErrPaused}) {
 			return nil, ErrPaused
 		}
+		sent = false
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
-	return s.wait(&s.calls, id, ch, t.C, ctx)
+	res, err := s.wait(&s.calls, id, ch, t.C, ctx)
+	var re *RPCError
+	if err != nil && sent && !errors.As(err, &re) {
+		err = inDoubt{err}
+	}
+	return res, err
 }
 
 // Push queues a server→tab frame (any JSON-marshalable value with a "t"
