@@ -66,10 +66,14 @@ export const LIMITS = Object.freeze({
   reconnectGiveUpMs: 5 * 60 * 1000,
   missedPongs: 2,
   statsSamples: 1000, // rpc timings kept for stats().rpcHandleMsP50
+  idempotencyKeys: 200, // send_message keys remembered (sessionStorage), each for its ttl
+  idempotencyStoredResult: 16 << 10, // a result is kept across a reload only when its JSON is this small
+  idempotencyKeptResult: 256 << 10, // …and in memory only when this small
 })
 
 const STORAGE_KEY = 'lapd:session'
 const OUTBOX_KEY = 'lapd:outbox'
+const IDEM_KEY = 'lapd:idem'
 
 // ───────────────────────────── JSON Pointer ─────────────────────────────
 
@@ -745,6 +749,7 @@ export function createAgent(opts) {
   const confirms = new Map() // confirmId → entry
   const watches = new Map() // id → {path, last}
   let outbox = loadOutbox()
+  const idem = loadIdem() // idempotencyKey → {until, result?, running?}
   const answered = new Set() // confirmIds answered here (bounded): a late confirm-sync must not re-show them
   let ui = null
 
@@ -775,12 +780,36 @@ export function createAgent(opts) {
   function clearSession() {
     session = null
     outbox = []
-    try { storage && storage.removeItem(STORAGE_KEY); storage && storage.removeItem(OUTBOX_KEY) } catch { /* ignore */ }
+    try { storage && storage.removeItem(STORAGE_KEY); storage && storage.removeItem(OUTBOX_KEY); storage && storage.removeItem(IDEM_KEY) } catch { /* ignore */ }
+    idem.clear()
   }
   function loadOutbox() {
     try { const o = storage && JSON.parse(storage.getItem(OUTBOX_KEY) || '[]'); return Array.isArray(o) ? o.slice(0, LIMITS.outbox) : [] } catch { return [] }
   }
   function saveOutbox() { try { storage && storage.setItem(OUTBOX_KEY, JSON.stringify(outbox)) } catch { /* ignore */ } }
+  // send_message idempotency keys outlive a reload (sessionStorage), each for
+  // the ttl the server sent, so a retried call is never dispatched twice.
+  function loadIdem() {
+    const m = new Map()
+    try {
+      const o = storage && JSON.parse(storage.getItem(IDEM_KEY) || '[]')
+      if (Array.isArray(o)) for (const e of o.slice(-LIMITS.idempotencyKeys)) {
+        if (e && typeof e.key === 'string' && e.until > now()) m.set(e.key, { until: e.until, result: e.result })
+      }
+    } catch { /* corrupt: ignore */ }
+    return m
+  }
+  function saveIdem() {
+    const t = now()
+    const out = []
+    for (const [key, e] of idem) {
+      if (e.until <= t) { idem.delete(key); continue }
+      const rec = { key, until: e.until }
+      if (e.result !== undefined && e.resultBytes <= LIMITS.idempotencyStoredResult) rec.result = e.result
+      out.push(rec)
+    }
+    try { storage && storage.setItem(IDEM_KEY, JSON.stringify(out)) } catch { /* quota: the in-memory map still holds */ }
+  }
 
   // ── state and changes ──
   function wireState() { return toWire(redact(opts.getState())) }
@@ -1235,7 +1264,41 @@ export function createAgent(opts) {
     return { effectsObserved: waitFor === 'none' ? 0 : effects, durationMs: now() - start, timedOut, errors }
   }
 
+  // send_message with an idempotencyKey runs once per key: a repeat while
+  // the first runs gets its answer, a later one its kept result, and one
+  // whose result is not kept (too big, or lost with a reload mid-dispatch)
+  // an outcome-unknown error, never a second dispatch. The key is recorded
+  // before anything runs.
   async function sendMessage(args, meta) {
+    const key = typeof args.idempotencyKey === 'string' && args.idempotencyKey && args.idempotencyKey.length <= 200 ? args.idempotencyKey : null
+    if (!key) return sendMessageOnce(args, meta)
+    const seen = idem.get(key)
+    if (seen && seen.until > now()) {
+      const variant = args.msg && typeof args.msg.type === 'string' ? args.msg.type : undefined
+      const log = { variant, intent: `Repeated request for ${variant} (same idempotencyKey): not dispatched again`, kind: 'read' }
+      if (seen.running) return { result: (await seen.running).result, log }
+      if (seen.result !== undefined) return { result: seen.result, log }
+      throw Object.assign(new Error('this request (same idempotencyKey) was already dispatched in this tab, but its result is not kept; observe before retrying'), { code: 'outcome-unknown' })
+    }
+    const ttl = clampNum(args.idempotencyTtlMs, 10 * 60 * 1000, 1000, 24 * 3600 * 1000)
+    const entry = { until: now() + ttl }
+    idem.set(key, entry)
+    while (idem.size > LIMITS.idempotencyKeys) idem.delete(idem.keys().next().value)
+    saveIdem() // write-ahead: a reload from here on knows the key was used
+    entry.running = sendMessageOnce(args, meta)
+    try {
+      const r = await entry.running
+      let bytes = Infinity
+      try { bytes = JSON.stringify(r.result).length } catch { /* not kept */ }
+      if (bytes <= LIMITS.idempotencyKeptResult) { entry.result = r.result; entry.resultBytes = bytes }
+      return r
+    } finally {
+      entry.running = null
+      saveIdem()
+    }
+  }
+
+  async function sendMessageOnce(args, meta) {
     const msg = args.msg && typeof args.msg === 'object' ? fromWire(args.msg) : args.msg
     const variant = msg && typeof msg.type === 'string' ? msg.type : undefined
     const a = actions && variant && own(actions, variant) ? actions[variant] : null

@@ -236,6 +236,9 @@ func (c *call) mapRPCErr(err error) *apiError {
 		if code == "" {
 			code = CodeInternal
 		}
+		if code == CodeOutcomeUnknown { // the tab de-duplicated an idempotencyKey it has no result for
+			return errf(http.StatusConflict, code, re.Detail)
+		}
 		return errf(http.StatusInternalServerError, code, re.Detail)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled")

@@ -221,6 +221,46 @@ test('send_message: dispatched with diff, async effects drained, gates', async (
   agent.destroy()
 })
 
+test('send_message idempotencyKey: one dispatch per key, across concurrent repeats and a reload', async () => {
+  const storage = memStorage()
+  const env = await connected({ storage })
+  const { ws, store } = env
+  let r = await rpc(ws, 'send_message', { msg: { type: 'addTask', title: 'Milk' }, idempotencyKey: 'k1', idempotencyTtlMs: 60000 })
+  assert.equal(r.reply.result.status, 'dispatched')
+  // a repeat (the server lost track, e.g. it restarted) gets the same answer, no second task
+  const again = await rpc(ws, 'send_message', { msg: { type: 'addTask', title: 'Milk' }, idempotencyKey: 'k1', idempotencyTtlMs: 60000 })
+  assert.deepEqual(again.reply.result, r.reply.result)
+  assert.match(again.log.intent, /not dispatched again/)
+  assert.equal(store.get().tasks.length, 1)
+  // two at once: the save handler takes 30 ms; both get its one result
+  const [a, b] = await Promise.all([
+    rpc(ws, 'send_message', { msg: { type: 'save' }, idempotencyKey: 'k2' }),
+    rpc(ws, 'send_message', { msg: { type: 'save' }, idempotencyKey: 'k2' }),
+  ])
+  assert.deepEqual(a.reply.result, b.reply.result)
+  // a big result is not kept across a reload
+  store.set({ ...store.get(), blob: 'x'.repeat(40 << 10) })
+  r = await rpc(ws, 'send_message', { msg: { type: 'addTask', title: 'Big' }, idempotencyKey: 'k3', includeState: true })
+  assert.equal(r.reply.result.status, 'dispatched')
+  const kept = JSON.parse(storage.getItem('lapd:idem'))
+  assert.deepEqual(kept.map((e) => [e.key, 'result' in e]), [['k1', true], ['k2', true], ['k3', false]])
+  env.agent.destroy()
+
+  // reload: a new agent on the same sessionStorage
+  const env2 = await connected({ storage })
+  env2.store.set({ tasks: [], filter: 'all' })
+  r = await rpc(env2.ws, 'send_message', { msg: { type: 'addTask', title: 'Milk' }, idempotencyKey: 'k1' })
+  assert.equal(r.reply.result.status, 'dispatched', 'the kept result')
+  r = await rpc(env2.ws, 'send_message', { msg: { type: 'addTask', title: 'Big' }, idempotencyKey: 'k3' })
+  assert.equal(r.reply.t, 'rpc-error')
+  assert.equal(r.reply.code, 'outcome-unknown')
+  assert.match(r.reply.detail, /observe before retrying/)
+  assert.equal(env2.store.get().tasks.length, 0, 'nothing dispatched again after the reload')
+  r = await rpc(env2.ws, 'send_message', { msg: { type: 'addTask', title: 'New' }, idempotencyKey: 'k4' })
+  assert.equal(env2.store.get().tasks.length, 1, 'a new key dispatches')
+  env2.agent.destroy()
+})
+
 test('confirm: propose, approve while down is queued and sent after reconnect', async () => {
   const { agent, ws, store } = await connected()
   store.set({ tasks: [{ title: 'a' }], filter: 'all' })

@@ -23,7 +23,8 @@
 // Reject answer pending confirmations with confirm-resolved; Abort drops the
 // connection without a close handshake. After every rpc the tab sends a
 // log-append, and it echoes log-push entries back as log-append, as the
-// reference browser does.
+// reference browser does. A send_message with an idempotencyKey runs once
+// per key on one Tab, as in lapd.js.
 //
 // A refused dial returns a *DialError carrying the HTTP status and body.
 package faketab
@@ -235,6 +236,7 @@ type Tab struct {
 	notify   chan struct{} // closed and replaced on every new frame
 	watches  map[string]string
 	pending  map[string]pendingConfirm
+	idem     map[string]any // send_message results by idempotencyKey
 	rpcCount map[string]int
 	readErr  error
 
@@ -316,6 +318,7 @@ func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error
 		notify:   make(chan struct{}),
 		watches:  map[string]string{},
 		pending:  map[string]pendingConfirm{},
+		idem:     map[string]any{},
 		rpcCount: map[string]int{},
 		done:     make(chan struct{}),
 		acked:    make(chan struct{}),
@@ -766,9 +769,10 @@ func (t *Tab) defaultHandler(tool string) Handler {
 }
 
 type msgArgs struct {
-	Msg          map[string]any `json:"msg"`
-	Reason       string         `json:"reason"`
-	IncludeState bool           `json:"includeState"`
+	Msg            map[string]any `json:"msg"`
+	Reason         string         `json:"reason"`
+	IncludeState   bool           `json:"includeState"`
+	IdempotencyKey string         `json:"idempotencyKey"`
 }
 
 func (t *Tab) gate(msg map[string]any) (Action, map[string]any) {
@@ -791,6 +795,25 @@ func (t *Tab) sendMessage(args json.RawMessage) (any, *RPCError) {
 	if err := json.Unmarshal(args, &a); err != nil {
 		return nil, &RPCError{Code: "schema-error", Detail: err.Error()}
 	}
+	if a.IdempotencyKey != "" { // like lapd.js: one dispatch per key
+		t.mu.Lock()
+		prev, seen := t.idem[a.IdempotencyKey]
+		t.mu.Unlock()
+		if seen {
+			return prev, nil
+		}
+		res, rerr := t.sendMessageOnce(a)
+		if rerr == nil {
+			t.mu.Lock()
+			t.idem[a.IdempotencyKey] = res
+			t.mu.Unlock()
+		}
+		return res, rerr
+	}
+	return t.sendMessageOnce(a)
+}
+
+func (t *Tab) sendMessageOnce(a msgArgs) (any, *RPCError) {
 	act, rej := t.gate(a.Msg)
 	if rej != nil {
 		return rej, nil
