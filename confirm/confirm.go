@@ -32,11 +32,13 @@
 //     Wait that starts after the resolution (the "poll gap") still sees it.
 //     Any number of waiters may wait on one id; all get the same answer.
 //   - First wins: a second Resolve of the same id is ignored.
-//   - Resolving an id that was never proposed (the tab answered a confirm the
-//     server never saw proposed, e.g. after a restart with a memory store, or
-//     the human clicked before the proposal was recorded) is still recorded
-//     and kept; a later Propose of that id is then a no-op and Wait returns
-//     the resolution at once.
+//   - An outcome is kept only for an id that was proposed: Resolve of an
+//     unknown id is dropped and counted (Stats.Unproposed), so a tab cannot
+//     fill memory with made-up ids. The one legitimate early answer (the tab
+//     proposed, the human clicked, and the confirm-resolved frame overtook
+//     the server's Propose) is covered by Expect: while a caller holds an
+//     Expect for the tid, an unknown id's resolution is parked (at most
+//     MaxParkedPerTID) and applied by the Propose that follows.
 //   - An approval not answered within Expiry (default 10 min) resolves as
 //     {status:"rejected", reason:"timeout"}, is deleted from the Store, and
 //     Config.OnExpire is called, outside every lock, from a timer goroutine
@@ -44,10 +46,16 @@
 //     delivered when it is set).
 //   - New loads every approval in the Store and re-arms its timer; one that
 //     already expired expires right after New returns.
-//   - Bounds: at most MaxPendingPerTID pending approvals per tid (Propose
-//     returns ErrTooManyPending past that), at most MaxKept kept resolutions
-//     in all and MaxKeptPerTID per tid (the oldest are dropped first, so a
-//     misbehaving tab cannot evict another tab's answers).
+//   - Bounds, in entries and in bytes: at most MaxPendingPerTID pending
+//     approvals and Config.PendingBytesPerTID bytes of their payloads per tid,
+//     Config.PendingBytes in all (Propose returns ErrTooManyPending past
+//     that); at most MaxKeptPerTID kept resolutions and
+//     Config.KeptBytesPerTID bytes of them per tid (that tid's oldest go
+//     first), and MaxKept / Config.KeptBytes in all: past those, the oldest
+//     resolution of the tid keeping the most bytes goes, never a global FIFO,
+//     so one session (or many tokens of one client) cannot evict another's
+//     answers. Every resolution dropped this way is counted (Stats.Shed) and
+//     logged.
 //
 // Timers are ordinary time.AfterFunc timers and times are read from
 // Config.Clock, so tests drive expiry and keep windows with testing/synctest.
@@ -87,8 +95,17 @@ const (
 	MaxPendingPerTID = 1000    // pending approvals per tid
 	MaxKept          = 10000   // kept resolutions in all
 	MaxKeptPerTID    = 1000    // kept resolutions per tid
+	MaxParkedPerTID  = 16      // early resolutions waiting for their Propose (see Expect)
 	MaxIDLen         = 200     // length of a confirmId or tid
 	MaxPayload       = 1 << 20 // bytes of a Pending.Payload
+)
+
+// Byte budgets: the defaults of Config's zero values.
+const (
+	DefaultPendingBytesPerTID = 8 << 20
+	DefaultPendingBytes       = 64 << 20
+	DefaultKeptBytesPerTID    = 16 << 20
+	DefaultKeptBytes          = 64 << 20
 )
 
 // Defaults of Config.
@@ -144,7 +161,22 @@ type Config struct {
 	Keep     time.Duration    // resolutions kept; default 5m
 	Clock    func() time.Time // default time.Now
 	OnExpire func(p Pending)  // called (outside locks) when an approval times out; push confirm-expire here
-	Logger   *slog.Logger     // store failures in timer goroutines; nil = discard
+	Logger   *slog.Logger     // store failures in timer goroutines, shedding; nil = discard
+
+	PendingBytesPerTID int // payload bytes of pending approvals per tid; default 8 MiB
+	PendingBytes       int // … in all; default 64 MiB
+	KeptBytesPerTID    int // bytes of kept resolutions (stateAfter) per tid; default 16 MiB
+	KeptBytes          int // … in all; default 64 MiB
+}
+
+// Stats are a Manager's gauges and counters (for metrics).
+type Stats struct {
+	Pending      int   // approvals pending now
+	PendingBytes int   // their payload bytes
+	Kept         int   // resolutions kept now
+	KeptBytes    int   // their bytes
+	Shed         int64 // kept resolutions dropped early for a bound, since New
+	Unproposed   int64 // resolutions of ids never proposed, dropped, since New
 }
 
 type key struct{ tid, id string }
@@ -166,10 +198,14 @@ type entry struct {
 }
 
 type tidState struct {
-	pending map[string]*entry
-	kept    map[string]*entry
-	order   *list.List // kept entries of this tid, oldest first
-	seq     map[string]uint64
+	pending      map[string]*entry
+	kept         map[string]*entry
+	order        *list.List // kept entries of this tid, oldest first
+	seq          map[string]uint64
+	pendingBytes int
+	keptBytes    int
+	expecting    int                   // Expect calls not yet released
+	parked       map[string]Resolution // early resolutions (see Expect)
 }
 
 // Manager tracks approvals. Safe for concurrent use.
@@ -188,6 +224,10 @@ type Manager struct {
 
 	onExpire   func(Pending) // guarded by mu; starts as cfg.OnExpire
 	unnotified []Pending     // expiries while onExpire was nil (bounded)
+
+	pendingBytes, keptBytes int       // guarded by mu
+	shed, unproposed        int64     // guarded by mu
+	lastShedLog             time.Time // guarded by mu
 }
 
 // maxUnnotified bounds the expiries kept for a hook set later.
@@ -204,6 +244,15 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&cfg.PendingBytesPerTID, DefaultPendingBytesPerTID)
+	def(&cfg.PendingBytes, DefaultPendingBytes)
+	def(&cfg.KeptBytesPerTID, DefaultKeptBytesPerTID)
+	def(&cfg.KeptBytes, DefaultKeptBytes)
 	m := &Manager{
 		cfg:   cfg,
 		log:   cfg.Logger,
@@ -255,7 +304,7 @@ func (m *Manager) tid(tid string) *tidState {
 
 // forget removes tid's state once it holds nothing. Caller holds mu.
 func (m *Manager) forget(tid string) {
-	if ts := m.tids[tid]; ts != nil && len(ts.pending) == 0 && len(ts.kept) == 0 {
+	if ts := m.tids[tid]; ts != nil && len(ts.pending) == 0 && len(ts.kept) == 0 && ts.expecting == 0 && len(ts.parked) == 0 {
 		delete(m.tids, tid)
 	}
 }
@@ -264,6 +313,8 @@ func (m *Manager) forget(tid string) {
 func (m *Manager) addPending(ts *tidState, p Pending) *entry {
 	e := &entry{key: key{p.TID, p.ConfirmID}, p: p, pending: true, done: make(chan struct{})}
 	ts.pending[p.ConfirmID] = e
+	ts.pendingBytes += pendingSize(p)
+	m.pendingBytes += pendingSize(p)
 	m.seq++
 	ts.seq[p.ConfirmID] = m.seq
 	d := time.UnixMilli(p.ExpiresAt).Sub(m.now())
@@ -280,6 +331,16 @@ func (m *Manager) stopTimer(t *time.Timer) {
 }
 
 func validID(s string) bool { return s != "" && len(s) <= MaxIDLen }
+
+// pendingSize is what a pending approval costs in bytes (about).
+func pendingSize(p Pending) int {
+	return len(p.Payload) + len(p.ConfirmID) + len(p.Variant) + len(p.Intent) + len(p.Reason) + 128
+}
+
+// keptSize is what a kept resolution costs in bytes (about).
+func keptSize(id string, r Resolution) int {
+	return len(r.StateAfter) + len(id) + len(r.Variant) + len(r.Reason) + 128
+}
 
 // Propose records a pending approval (ProposedAt/ExpiresAt filled if zero).
 // If the id was already resolved (the human answered before the proposal was
@@ -323,21 +384,68 @@ func (m *Manager) Propose(ctx context.Context, p Pending) error {
 		m.forget(p.TID)
 		return fmt.Errorf("%w (limit %d)", ErrTooManyPending, MaxPendingPerTID)
 	}
+	if n := pendingSize(p); ts.pendingBytes+n > m.cfg.PendingBytesPerTID || m.pendingBytes+n > m.cfg.PendingBytes {
+		m.forget(p.TID)
+		return fmt.Errorf("%w (their payloads are over the byte budget)", ErrTooManyPending)
+	}
 	if m.cfg.Store != nil {
 		if err := m.cfg.Store.Put(ctx, p); err != nil {
 			m.forget(p.TID)
 			return fmt.Errorf("confirm: persist approval: %w", err)
 		}
 	}
-	m.addPending(ts, p)
+	e := m.addPending(ts, p)
+	if r, ok := ts.parked[p.ConfirmID]; ok { // answered before it was recorded
+		delete(ts.parked, p.ConfirmID)
+		m.stopTimer(e.timer)
+		if m.cfg.Store != nil {
+			if err := m.cfg.Store.Delete(ctx, p.TID, p.ConfirmID); err != nil {
+				m.log.Warn("confirm: delete resolved approval from store", "tid", p.TID, "confirmId", p.ConfirmID, "err", err)
+			}
+		}
+		if r.Variant == "" {
+			r.Variant = p.Variant
+		}
+		m.resolveLocked(ts, e, r)
+	}
 	return nil
+}
+
+// Expect tells the Manager that a Propose for tid may follow (the tab was
+// asked to dispatch and may answer with a proposal): until release is
+// called, a Resolve of an id not yet proposed for tid is parked instead of
+// dropped, and the Propose applies it. Call release once, after the Propose
+// (or when none will come); parked resolutions left then are dropped.
+func (m *Manager) Expect(tid string) (release func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || !validID(tid) {
+		return func() {}
+	}
+	m.tid(tid).expecting++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			ts := m.tids[tid]
+			if ts == nil {
+				return
+			}
+			if ts.expecting--; ts.expecting == 0 {
+				m.unproposed += int64(len(ts.parked))
+				ts.parked = nil
+				m.forget(tid)
+			}
+		})
+	}
 }
 
 // Resolve records the outcome for tid/confirmID and wakes its waiters. It
 // returns the pending entry and true if it was pending; a second resolution
-// of the same id is ignored (first wins). An id that is not pending is still
-// recorded (and kept for Keep), because the tab may answer a confirm this
-// server never saw proposed; Resolve then returns false.
+// of the same id is ignored (first wins). The outcome of an id that was
+// never proposed is not kept (it is parked while an Expect is held, see
+// Expect); Resolve then returns false.
 func (m *Manager) Resolve(ctx context.Context, tid, confirmID string, r Resolution) (Pending, bool) {
 	if !validID(tid) || !validID(confirmID) {
 		return Pending{}, false
@@ -348,7 +456,21 @@ func (m *Manager) Resolve(ctx context.Context, tid, confirmID string, r Resoluti
 		return Pending{}, false
 	}
 	m.sweepLocked()
-	ts := m.tid(tid)
+	ts := m.tids[tid]
+	if ts == nil || (ts.pending[confirmID] == nil && ts.kept[confirmID] == nil) {
+		// Never proposed: keep nothing, unless a proposal may be on its way.
+		if ts != nil && ts.expecting > 0 && len(ts.parked) < MaxParkedPerTID && keptSize(confirmID, r) <= m.cfg.KeptBytesPerTID {
+			if _, dup := ts.parked[confirmID]; !dup {
+				if ts.parked == nil {
+					ts.parked = map[string]Resolution{}
+				}
+				ts.parked[confirmID] = r
+			}
+			return Pending{}, false
+		}
+		m.unproposed++
+		return Pending{}, false
+	}
 	if _, ok := ts.kept[confirmID]; ok {
 		return Pending{}, false
 	}
@@ -363,8 +485,6 @@ func (m *Manager) Resolve(ctx context.Context, tid, confirmID string, r Resoluti
 		if r.Variant == "" {
 			r.Variant = e.p.Variant
 		}
-	} else {
-		e = &entry{key: key{tid, confirmID}, done: make(chan struct{})}
 	}
 	m.resolveLocked(ts, e, r)
 	return e.p, wasPending
@@ -377,6 +497,10 @@ func (m *Manager) resolveLocked(ts *tidState, e *entry, r Resolution) {
 	if r.ResolvedAt == 0 {
 		r.ResolvedAt = now.UnixMilli()
 	}
+	if e.pending {
+		ts.pendingBytes -= pendingSize(e.p)
+		m.pendingBytes -= pendingSize(e.p)
+	}
 	delete(ts.pending, e.key.id)
 	delete(ts.seq, e.key.id)
 	e.pending = false
@@ -385,27 +509,74 @@ func (m *Manager) resolveLocked(ts *tidState, e *entry, r Resolution) {
 	e.keepTill = now.Add(m.cfg.Keep)
 	close(e.done)
 
+	n := keptSize(e.key.id, r)
 	ts.kept[e.key.id] = e
+	ts.keptBytes += n
+	m.keptBytes += n
 	e.tElem = ts.order.PushBack(e)
 	e.gElem = m.kept.PushBack(e)
-	for ts.order.Len() > MaxKeptPerTID {
+	shed := 0
+	for ts.order.Len() > 1 && (ts.order.Len() > MaxKeptPerTID || ts.keptBytes > m.cfg.KeptBytesPerTID) {
 		m.unkeep(ts.order.Front().Value.(*entry))
+		shed++
 	}
-	for m.kept.Len() > MaxKept {
-		m.unkeep(m.kept.Front().Value.(*entry))
+	for m.kept.Len() > MaxKept || m.keptBytes > m.cfg.KeptBytes {
+		heavy := m.heaviestLocked()
+		if heavy == nil {
+			break
+		}
+		m.unkeep(heavy.order.Front().Value.(*entry))
+		shed++
+	}
+	if shed > 0 {
+		m.shed += int64(shed)
+		if now.Sub(m.lastShedLog) > 10*time.Second {
+			m.lastShedLog = now
+			m.log.Warn("confirm: kept approval outcomes over budget; dropped the oldest of the heaviest sessions",
+				"dropped", shed, "dropped_total", m.shed, "kept", m.kept.Len(), "kept_bytes", m.keptBytes)
+		}
 	}
 	m.armSweep()
+}
+
+// heaviestLocked returns the tid state keeping the most bytes of
+// resolutions (by count on a tie). Caller holds mu.
+func (m *Manager) heaviestLocked() *tidState {
+	var heavy *tidState
+	for _, ts := range m.tids {
+		if ts.order.Len() == 0 {
+			continue
+		}
+		if heavy == nil || ts.keptBytes > heavy.keptBytes || (ts.keptBytes == heavy.keptBytes && ts.order.Len() > heavy.order.Len()) {
+			heavy = ts
+		}
+	}
+	return heavy
 }
 
 // unkeep forgets a kept resolution. Caller holds mu.
 func (m *Manager) unkeep(e *entry) {
 	ts := m.tids[e.key.tid]
 	m.kept.Remove(e.gElem)
+	n := keptSize(e.key.id, e.res)
+	m.keptBytes -= n
 	if ts != nil {
+		ts.keptBytes -= n
 		ts.order.Remove(e.tElem)
 		delete(ts.kept, e.key.id)
 		m.forget(e.key.tid)
 	}
+}
+
+// Stats returns the Manager's gauges and counters.
+func (m *Manager) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := Stats{PendingBytes: m.pendingBytes, Kept: m.kept.Len(), KeptBytes: m.keptBytes, Shed: m.shed, Unproposed: m.unproposed}
+	for _, ts := range m.tids {
+		st.Pending += len(ts.pending)
+	}
+	return st
 }
 
 // sweepLocked drops kept resolutions past their keep window. Caller holds mu.
@@ -574,6 +745,7 @@ func (m *Manager) Drop(ctx context.Context, tid string) {
 	}
 	for id, e := range ts.pending {
 		m.stopTimer(e.timer)
+		m.pendingBytes -= pendingSize(e.p)
 		e.pending = false
 		e.err = ErrUnknown
 		close(e.done)
@@ -586,6 +758,7 @@ func (m *Manager) Drop(ctx context.Context, tid string) {
 	for _, e := range ts.kept {
 		m.kept.Remove(e.gElem)
 	}
+	m.keptBytes -= ts.keptBytes
 	delete(m.tids, tid)
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -202,6 +203,9 @@ func TestResolveFirstWins(t *testing.T) {
 	}
 }
 
+// An outcome is never kept for an id that was never proposed: before, a tab
+// could send confirm-resolved frames with made-up ids and megabytes of
+// stateAfter and have every one kept (10,000 × 4 MB).
 func TestResolveUnproposed(t *testing.T) {
 	t.Parallel()
 	m := newManager(t, Config{})
@@ -209,21 +213,49 @@ func TestResolveUnproposed(t *testing.T) {
 	if _, ok := m.Resolve(ctx, "t", "early", confirmed); ok {
 		t.Fatal("Resolve of an unproposed id reported pending")
 	}
-	if r, err := m.Wait(ctx, "t", "early"); err != nil || r.Status != StatusConfirmed {
-		t.Fatalf("Wait on an unproposed but resolved id = %+v, %v", r, err)
+	if _, err := m.Wait(ctx, "t", "early"); !errors.Is(err, ErrUnknown) {
+		t.Fatalf("Wait on an unproposed id: %v, want ErrUnknown (nothing kept)", err)
 	}
-	// The proposal arrives after the answer: nothing becomes pending.
+	if st := m.Stats(); st.Kept != 0 || st.KeptBytes != 0 || st.Unproposed != 1 {
+		t.Fatalf("Stats = %+v, want nothing kept and 1 unproposed", st)
+	}
+	// A proposal arriving later is pending as usual.
 	if err := m.Propose(ctx, prop("t", "early")); err != nil {
-		t.Fatalf("Propose after Resolve: %v", err)
+		t.Fatal(err)
+	}
+	if ps := m.PendingFor("t"); len(ps) != 1 {
+		t.Fatalf("PendingFor = %+v", ps)
+	}
+}
+
+// The tab proposes, the human clicks at once and the confirm-resolved frame
+// overtakes the server's Propose: with an Expect held, the answer is parked
+// and applied by the Propose, not lost.
+func TestExpectParksEarlyResolution(t *testing.T) {
+	t.Parallel()
+	m := newManager(t, Config{})
+	ctx := t.Context()
+	release := m.Expect("t")
+	m.Resolve(ctx, "t", "c", confirmed)
+	if err := m.Propose(ctx, prop("t", "c")); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if r, err := m.Wait(ctx, "t", "c"); err != nil || r.Status != StatusConfirmed || r.Variant != "clearAll" {
+		t.Fatalf("Wait = %+v, %v; want the parked confirmation", r, err)
 	}
 	if ps := m.PendingFor("t"); len(ps) != 0 {
-		t.Fatalf("PendingFor = %+v, want none", ps)
+		t.Fatalf("still pending: %+v", ps)
 	}
-	if _, err := m.Wait(ctx, "t", "never"); !errors.Is(err, ErrUnknown) {
-		t.Fatalf("Wait on an unknown id: %v, want ErrUnknown", err)
+	// parked answers no Propose claimed are dropped at release; the park is bounded
+	release = m.Expect("t")
+	for i := range MaxParkedPerTID + 5 {
+		m.Resolve(ctx, "t", fmt.Sprint("junk", i), confirmed)
 	}
-	if _, err := m.Wait(ctx, "other", "early"); !errors.Is(err, ErrUnknown) {
-		t.Fatalf("Wait with another tid: %v, want ErrUnknown", err)
+	release()
+	release() // twice is harmless
+	if st := m.Stats(); st.Kept != 1 || st.Unproposed != MaxParkedPerTID+5 {
+		t.Fatalf("Stats = %+v", st)
 	}
 }
 
@@ -340,12 +372,19 @@ func TestBounds(t *testing.T) {
 			t.Fatalf("Propose after one resolved: %v", err)
 		}
 	})
+	resolve := func(m *Manager, tid, id string, r Resolution) {
+		t.Helper()
+		if err := m.Propose(t.Context(), prop(tid, id)); err != nil {
+			t.Fatal(err)
+		}
+		m.Resolve(t.Context(), tid, id, r)
+	}
 	t.Run("KeptPerTID", func(t *testing.T) {
 		t.Parallel()
 		m := newManager(t, Config{})
-		m.Resolve(t.Context(), "victim", "v", confirmed)
+		resolve(m, "victim", "v", confirmed)
 		for i := range MaxKeptPerTID + 1 {
-			m.Resolve(t.Context(), "spammer", fmt.Sprint(i), confirmed)
+			resolve(m, "spammer", fmt.Sprint(i), confirmed)
 		}
 		if _, err := m.Wait(t.Context(), "spammer", "0"); !errors.Is(err, ErrUnknown) {
 			t.Fatalf("oldest of the tid not dropped: %v", err)
@@ -360,17 +399,59 @@ func TestBounds(t *testing.T) {
 	t.Run("KeptTotal", func(t *testing.T) {
 		t.Parallel()
 		m := newManager(t, Config{})
+		resolve(m, "victim", "v", confirmed)
 		for i := range MaxKept + 1 {
-			m.Resolve(t.Context(), fmt.Sprint("t", i%(MaxKept/MaxKeptPerTID+1)), fmt.Sprint(i), confirmed)
+			resolve(m, fmt.Sprint("t", i%(MaxKept/MaxKeptPerTID+1)), fmt.Sprint(i), confirmed)
 		}
-		m.mu.Lock()
-		n := m.kept.Len()
-		m.mu.Unlock()
-		if n != MaxKept {
+		if n := m.Stats().Kept; n != MaxKept {
 			t.Fatalf("kept %d resolutions, want %d", n, MaxKept)
 		}
 		if _, err := m.Wait(t.Context(), "t0", "0"); !errors.Is(err, ErrUnknown) {
-			t.Fatalf("oldest resolution not dropped: %v", err)
+			t.Fatalf("oldest resolution of a heavy tid not dropped: %v", err)
+		}
+		if _, err := m.Wait(t.Context(), "victim", "v"); err != nil {
+			t.Fatalf("the light tid's only resolution was evicted: %v", err)
+		}
+	})
+	// Medium 11 of the review: 11 tokens × 1,000 junk confirm-resolved frames
+	// turned a victim's confirmed into "unknown confirmId". Junk ids are not
+	// kept at all now; and real outcomes are budgeted in bytes, per tid and
+	// in all, shedding from the heaviest session.
+	t.Run("OtherTokensCannotEvict", func(t *testing.T) {
+		t.Parallel()
+		m := newManager(t, Config{KeptBytesPerTID: 200_000, KeptBytes: 1_000_000})
+		resolve(m, "victim", "v", confirmed)
+		big := Resolution{Status: StatusConfirmed, StateAfter: json.RawMessage(`"` + strings.Repeat("x", 50_000) + `"`)}
+		for tok := range 11 {
+			for i := range 1000 {
+				m.Resolve(t.Context(), fmt.Sprint("attacker", tok), fmt.Sprint("junk", i), big)
+			}
+			for i := range 10 {
+				resolve(m, fmt.Sprint("attacker", tok), fmt.Sprint("real", i), big)
+			}
+		}
+		st := m.Stats()
+		if st.KeptBytes > 1_000_000 || st.Unproposed != 11_000 || st.Shed == 0 {
+			t.Fatalf("Stats = %+v; want ≤ 1 MB kept, 11000 unproposed, some shed", st)
+		}
+		if r, err := m.Wait(t.Context(), "victim", "v"); err != nil || r.Status != StatusConfirmed {
+			t.Fatalf("victim's outcome: %+v, %v", r, err)
+		}
+	})
+	t.Run("PendingBytes", func(t *testing.T) {
+		t.Parallel()
+		m := newManager(t, Config{PendingBytesPerTID: 100_000})
+		p := prop("t", "a")
+		p.Payload = json.RawMessage(`"` + strings.Repeat("x", 60_000) + `"`)
+		if err := m.Propose(t.Context(), p); err != nil {
+			t.Fatal(err)
+		}
+		p.ConfirmID = "b"
+		if err := m.Propose(t.Context(), p); !errors.Is(err, ErrTooManyPending) {
+			t.Fatalf("Propose over the byte budget: %v, want ErrTooManyPending", err)
+		}
+		if err := m.Propose(t.Context(), prop("other", "c")); err != nil {
+			t.Fatalf("another tid: %v", err)
 		}
 	})
 }

@@ -100,6 +100,10 @@ func (c *call) message(b messageBody, variant string, payload json.RawMessage, r
 	if err != nil {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, err.Error())
 	}
+	// The tab may answer with a proposal, and the human approve it before
+	// Propose below runs: an early answer is parked until then.
+	release := c.s.cfg.Confirm.Expect(c.tid)
+	defer release()
 	res, ae := c.rpc("send_message", json.RawMessage(rawArgs), wait+time.Second)
 	if ae != nil {
 		return nil, ae
@@ -140,6 +144,7 @@ func (c *call) message(b messageBody, variant string, payload json.RawMessage, r
 		}
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "recording the approval: "+err.Error())
 	}
+	release()
 	c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventConfirmProposed, map[string]any{"variant": variant, "confirmId": out.ConfirmID})
 	body, done := c.awaitConfirm(out.ConfirmID, variant, wait)
 	if !done {
