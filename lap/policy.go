@@ -28,9 +28,10 @@ var errCompileBusy = errors.New("lap: policy compile queue busy")
 // within a byte budget (schema.Policy.Footprint); one evicted is compiled
 // again when next needed. At most maxConcurrentCompiles run at once.
 type policyCache struct {
-	budget int
-	sem    chan struct{}
-	parse  func(json.RawMessage) (*schema.Policy, error) // schema.Parse
+	budget  int
+	sem     chan struct{}
+	parse   func(json.RawMessage) (*schema.Policy, error) // schema.Parse
+	onEvict func(bytes int)                               // a compiled policy was evicted for the budget; nil = nothing
 
 	mu    sync.Mutex
 	tids  map[string]tidPolicy
@@ -118,6 +119,9 @@ func (pc *policyCache) compile(ctx context.Context, e *policyEntry, raw []byte) 
 		old := pc.lru.Back().Value.(*policyEntry)
 		pc.evictLocked(old)
 		pc.shed++
+		if pc.onEvict != nil {
+			pc.onEvict(old.size)
+		}
 	}
 	pc.mu.Unlock()
 	close(e.ready)

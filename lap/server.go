@@ -106,6 +106,9 @@ type Server struct {
 	tabsMu sync.Mutex
 	tabs   map[string]struct{}
 
+	shedLogMu sync.Mutex
+	shedLogAt time.Time
+
 	mu       sync.Mutex
 	inflight int
 	draining bool
@@ -180,6 +183,8 @@ func New(cfg Config) (*Server, error) {
 		s.cors[strings.TrimRight(o, "/")] = true
 	}
 	s.handler = http.HandlerFunc(s.serveHTTP)
+	s.idem.onShed = func(tid string, n int) { s.logShed("idempotency", tid, n) }
+	s.policies.onEvict = func(n int) { s.logShed("compiled policy", "", n) }
 	cfg.Registry.SetHooks(pairing.Hooks{
 		OnPaired:          s.onPaired,
 		OnClosed:          s.onClosed,
@@ -286,4 +291,37 @@ func (s *Server) auditRefusal(ctx context.Context, tid, endpoint string, e *apiE
 		d["reconnect"] = e.reconnect
 	}
 	s.audit(ctx, tid, "", ev, d)
+}
+
+// Stats are the Server's gauges and counters of kept data (for metrics).
+type Stats struct {
+	IdemKeys        int   // idempotency keys remembered now
+	IdemBytes       int   // bytes of remembered /message bodies (and keys)
+	IdemShed        int64 // bodies dropped early for the byte budget, since New
+	Policies        int   // compiled hello.policy kept now
+	PolicyBytes     int   // their estimated bytes
+	PoliciesEvicted int64 // compiled policies evicted for the byte budget, since New
+}
+
+// Stats returns the Server's kept-data gauges and counters.
+func (s *Server) Stats() Stats {
+	var st Stats
+	st.IdemKeys, st.IdemBytes, st.IdemShed = s.idem.stats()
+	st.Policies, st.PolicyBytes, st.PoliciesEvicted = s.policies.stats()
+	return st
+}
+
+// logShed logs that kept data was dropped for a byte budget, at most once
+// every 10 s (the counters in Stats count every one). It may be called with
+// the idempotency or policy cache lock held: it takes no other lock.
+func (s *Server) logShed(what, tid string, n int) {
+	s.shedLogMu.Lock()
+	now := time.Now()
+	if now.Sub(s.shedLogAt) < 10*time.Second {
+		s.shedLogMu.Unlock()
+		return
+	}
+	s.shedLogAt = now
+	s.shedLogMu.Unlock()
+	s.log.Warn("lap: kept "+what+" data over its byte budget; dropped the oldest of the heaviest session (see Stats)", "tid", tid, "bytes", n)
 }

@@ -37,8 +37,11 @@
 // with 4408) and sweeps closed tabs' buffers (kept for Retention, at most
 // MaxClosed). Each tab's send queue is bounded (full → closed with 4008,
 // the caller never blocks); inbound frames are capped at MaxFrame (over →
-// 1009); in-flight calls and watches per tab are capped at MaxInFlight
-// (ErrBusy). Stats exposes counters for everything refused or dropped.
+// 1009) and rate-limited per socket (FrameRate, ByteRate: the reader waits);
+// in-flight calls and watches per tab are capped at MaxInFlight (ErrBusy).
+// What lapd keeps per tab (log ring, hello) is counted in bytes, per tid and
+// in all (BufferBytes, see budget.go). Stats exposes counters for everything
+// refused, delayed or dropped.
 package pairing
 
 import (
@@ -144,6 +147,12 @@ type Stats struct {
 	HeartbeatCloses     int64 // sockets closed with 4408
 	QueueOverflowCloses int64 // sockets closed with 4008
 	ActiveTabs          int   // tids with a live socket now
+
+	BufferBytes    int64 // bytes of log rings and hellos kept now (gauge)
+	LogShed        int64 // log entries dropped early for BufferBytes
+	ClosedShed     int64 // closed tabs whose buffers were dropped early for BufferBytes
+	Throttled      int64 // inbound frames delayed by the per-socket rate
+	OverloadCloses int64 // sockets closed with 1013: their hello did not fit BufferBytes
 }
 
 // ConfirmResolved is a tab's confirm-resolved frame.
@@ -185,6 +194,11 @@ type Config struct {
 	Retention      time.Duration   // buffers kept after close; default 60s
 	MaxClosed      int             // closed tabs whose buffers are kept; default 128
 	LogRing        int             // recent-log entries per tid; default 100
+	LogRingBytes   int             // bytes of recent-log entries per tid; default 1 MiB
+	BufferBytes    int             // rings and hellos of every tid, live or closed; default 128 MiB
+	FrameRate      float64         // inbound frames per second per socket; default 200
+	FrameBurst     int             // default 1000
+	ByteRate       float64         // inbound bytes per second per socket; default 8 MiB/s
 	Hooks          Hooks
 }
 
@@ -204,6 +218,11 @@ type Registry struct {
 
 	malformed, unknown, unknownReplies, refused atomic.Int64
 	superseded, hbCloses, overflowCloses        atomic.Int64
+
+	bufBytes                          atomic.Int64 // rings and hellos kept
+	logDropped, closedShed, throttled atomic.Int64
+	overloadCloses                    atomic.Int64
+	lastShedLog                       time.Time // guarded by mu
 }
 
 // session is everything lapd keeps per tid: the live socket (if any), the
@@ -221,8 +240,8 @@ type session struct {
 	connectedAt int64
 	lastHB      int64
 	accepts     int
-	ring        []json.RawMessage // circular, len ≤ LogRing
-	ringNext    int               // where the next entry goes once the ring is full
+	ring        []json.RawMessage // oldest first, len ≤ LogRing
+	ringBytes   int               // bytes of ring
 	dropped     bool              // unregistered: buffers gone, nothing more is kept
 
 	closedAt   time.Time     // guarded by Registry.mu
@@ -263,6 +282,21 @@ func New(cfg Config) (*Registry, error) {
 	if cfg.LogRing <= 0 {
 		cfg.LogRing = DefaultLogRing
 	}
+	if cfg.LogRingBytes <= 0 {
+		cfg.LogRingBytes = DefaultLogRingBytes
+	}
+	if cfg.BufferBytes <= 0 {
+		cfg.BufferBytes = DefaultBufferBytes
+	}
+	if cfg.FrameRate <= 0 {
+		cfg.FrameRate = DefaultFrameRate
+	}
+	if cfg.FrameBurst <= 0 {
+		cfg.FrameBurst = DefaultFrameBurst
+	}
+	if cfg.ByteRate <= 0 {
+		cfg.ByteRate = DefaultByteRate
+	}
 	r := &Registry{cfg: cfg, sessions: map[string]*session{}, closed: list.New(), stop: make(chan struct{})}
 	h := cfg.Hooks
 	r.hooks.Store(&h)
@@ -292,6 +326,11 @@ func (r *Registry) Stats() Stats {
 		HeartbeatCloses:     r.hbCloses.Load(),
 		QueueOverflowCloses: r.overflowCloses.Load(),
 		ActiveTabs:          active,
+		BufferBytes:         r.bufBytes.Load(),
+		LogShed:             r.logDropped.Load(),
+		ClosedShed:          r.closedShed.Load(),
+		Throttled:           r.throttled.Load(),
+		OverloadCloses:      r.overloadCloses.Load(),
 	}
 }
 
@@ -556,29 +595,14 @@ func (r *Registry) RecentLog(tid string, n int, kind string) []json.RawMessage {
 	if n <= 0 || n > len(s.ring) {
 		n = len(s.ring)
 	}
-	// Newest is just before ringNext once full; at the end while filling.
-	newest := len(s.ring) - 1
-	if len(s.ring) == r.cfg.LogRing {
-		newest = (s.ringNext - 1 + len(s.ring)) % len(s.ring)
-	}
-	for i := 0; i < len(s.ring) && len(out) < n; i++ {
-		e := s.ring[(newest-i+len(s.ring))%len(s.ring)]
+	for i := len(s.ring) - 1; i >= 0 && len(out) < n; i-- {
+		e := s.ring[i]
 		if kind != "" && entryKind(e) != kind {
 			continue
 		}
 		out = append(out, e)
 	}
 	return out
-}
-
-// appendLog puts e in the ring.
-func (s *session) appendLogLocked(e json.RawMessage, ringCap int) {
-	if len(s.ring) < ringCap {
-		s.ring = append(s.ring, e)
-		return
-	}
-	s.ring[s.ringNext] = e
-	s.ringNext = (s.ringNext + 1) % ringCap
 }
 
 // Unregister pushes {t:'revoked'}, closes tid's socket (4001), fails its
@@ -608,7 +632,7 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 	s.cur = nil
 	s.dropped = true
 	s.failAllLocked(ErrPaused)
-	s.hello, s.ring = nil, nil
+	r.bufBytes.Add(-int64(s.releaseBuffersLocked()))
 	s.mu.Unlock()
 	if c == nil {
 		return
@@ -625,10 +649,10 @@ func (r *Registry) afterClose(tid, reason string) {
 	if _, err := r.cfg.Tokens.Disconnected(context.Background(), tid); err != nil {
 		r.cfg.Logger.Warn("pairing: marking the token pending-resume failed", "tid", tid, "err", err)
 	}
+	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason}})
 	if h := r.hooks.Load(); h.OnClosed != nil {
 		h.OnClosed(tid)
 	}
-	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason}})
 }
 
 // Shutdown closes every socket with close code 1012 (service restart; the

@@ -118,6 +118,7 @@ func appConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (app.Config, e
 		Grace:         c.Grace,
 		PingInterval:  c.PingInterval,
 		ConfirmExpiry: c.ConfirmExpiry,
+		MaxKeptBytes:  int64(c.MaxKeptMiB) << 20,
 	}
 	if c.Store == "memory" {
 		acfg.DataDir = ""

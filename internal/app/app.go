@@ -76,6 +76,30 @@ type Config struct {
 	RPCTimeout    time.Duration
 	ConfirmExpiry time.Duration
 	Clock         func() time.Time
+
+	// MaxKeptBytes is the ceiling of the data lapd keeps for sessions in
+	// memory (default 512 MiB), split between the parts' byte budgets: tab
+	// log rings and hellos 1/4, idempotent /message bodies 1/4, kept
+	// approval outcomes 1/8, pending approval payloads 1/8, compiled
+	// policies 1/8, and 1/8 left for the /describe cache (it mirrors the
+	// hellos). Each part sheds, logs and counts when over (Stats).
+	MaxKeptBytes int64
+}
+
+// DefaultMaxKeptBytes is the default of Config.MaxKeptBytes.
+const DefaultMaxKeptBytes = 512 << 20
+
+// Stats gathers the parts' kept-data gauges and shed counters, for a
+// metrics endpoint.
+type Stats struct {
+	Pairing pairing.Stats
+	Confirm confirm.Stats
+	LAP     lap.Stats
+}
+
+// Stats returns the parts' gauges and counters.
+func (a *App) Stats() Stats {
+	return Stats{Pairing: a.Registry.Stats(), Confirm: a.Confirm.Stats(), LAP: a.LAP.Stats()}
 }
 
 // App is a running lapd without its listener.
@@ -168,12 +192,18 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	}
 	a.Audit = audit.New(audit.Config{Sinks: sinks, Logger: a.log, Clock: cfg.Clock})
 
+	kept := cfg.MaxKeptBytes
+	if kept <= 0 {
+		kept = DefaultMaxKeptBytes
+	}
+	share := func(div int64) int { return int(max(kept/div, 1<<20)) }
 	if a.Tokens, err = tokens.NewManager(tokens.Config{Store: tstore, TTL: cfg.TokenTTL, SlidingTTL: cfg.SlidingTTL, Grace: cfg.Grace, Clock: cfg.Clock}); err != nil {
 		return nil, err
 	}
 	if a.Registry, err = pairing.New(pairing.Config{
 		Tokens: a.Tokens, Audit: a.Audit, Logger: a.log, AllowedOrigins: cfg.Origins,
 		PingInterval: cfg.PingInterval, RPCTimeout: cfg.RPCTimeout, Retention: cfg.Grace,
+		BufferBytes: share(4), LogRingBytes: min(pairing.DefaultLogRingBytes, share(4)),
 	}); err != nil {
 		return nil, err
 	}
@@ -181,7 +211,10 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	// confirm: the hook is installed once the server exists (SetOnExpire
 	// delivers expiries that happened before it, e.g. approvals loaded from
 	// the store already expired, instead of losing them).
-	if a.Confirm, err = confirm.New(ctx, confirm.Config{Store: cstore, Expiry: cfg.ConfirmExpiry, Clock: cfg.Clock, Logger: a.log}); err != nil {
+	if a.Confirm, err = confirm.New(ctx, confirm.Config{Store: cstore, Expiry: cfg.ConfirmExpiry, Clock: cfg.Clock, Logger: a.log,
+		KeptBytes: share(8), PendingBytes: share(8),
+		KeptBytesPerTID: min(confirm.DefaultKeptBytesPerTID, share(8)), PendingBytesPerTID: min(confirm.DefaultPendingBytesPerTID, share(8)),
+	}); err != nil {
 		return nil, err
 	}
 	srv, err := lap.New(lap.Config{
@@ -189,6 +222,7 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		LAPRate: cfg.LAPRate, LAPBurst: cfg.LAPBurst, MintRate: cfg.MintRate, MintBurst: cfg.MintBurst,
 		Identity: cfg.Identity, AllowAnonymous: cfg.AllowAnonymous, CORSOrigins: cfg.Origins,
 		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL, Clock: cfg.Clock,
+		IdemBytes: share(4), IdemBytesPerTID: min(lap.DefaultIdemBytesPerTID, share(4)), PolicyCacheBytes: share(8),
 	})
 	if err != nil {
 		return nil, err
