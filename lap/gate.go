@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/pairing"
@@ -109,6 +110,12 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		}
 		if int64(len(b)) > s.cfg.MaxBody {
 			return nil, errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+		}
+		// Parts of the body are forwarded to the tab byte for byte in a
+		// WebSocket text frame, which must be UTF-8 (a browser fails the
+		// socket otherwise, and the tab reconnect-loops).
+		if !utf8.Valid(b) {
+			return nil, errf(http.StatusBadRequest, CodeInvalid, "the body is not valid UTF-8; send JSON encoded as UTF-8")
 		}
 		c.body = b
 	}

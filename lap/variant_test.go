@@ -1,6 +1,7 @@
 package lap_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/lapd-dev/lapd/audit"
@@ -54,5 +55,24 @@ func TestCaseVariantDiscriminantRefused(t *testing.T) {
 		if len(p) != 1 || p[0].Variant != "clearAll" || string(p[0].Payload) != `{"note":"n"}` {
 			t.Errorf("policy=%v: stored approval %+v, want clearAll {\"note\":\"n\"}", withPolicy, p)
 		}
+	}
+}
+
+// Invalid UTF-8 in a LAP body used to be forwarded raw to the tab (msg
+// values pass through undecoded), and a browser then failed the socket and
+// reconnect-looped. It is refused with 400 invalid before anything is sent.
+func TestInvalidUTF8Refused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, _, tab := e.paired()
+	for _, route := range []string{"/message", "/would-dispatch", "/narrate", "/state"} {
+		body := "{\"msg\":{\"type\":\"addTodo\",\"title\":\"\xff\xfe\"},\"text\":\"\xc3\x28\",\"path\":\"/\xff\"}"
+		r := e.lapCall(token, route, body)
+		if r.status != 400 || r.code() != "invalid" || !strings.Contains(string(r.body), "UTF-8") {
+			t.Errorf("%s: %d %s, want 400 invalid (UTF-8)", route, r.status, r.body)
+		}
+	}
+	if n := tab.Count("rpc") + tab.Count("log-push"); n != 0 {
+		t.Errorf("%d frames reached the tab", n)
 	}
 }
