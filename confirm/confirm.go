@@ -135,6 +135,11 @@ type Pending struct {
 	Reason     string          `json:"reason,omitempty"`
 	ProposedAt int64           `json:"proposedAt"`
 	ExpiresAt  int64           `json:"expiresAt"`
+
+	// Outcome is nil while the approval is pending. A Store holds answered
+	// approvals too, with their Outcome (ResolvedAt set), for the Keep
+	// window: the answer survives a restart like the question does.
+	Outcome *Resolution `json:"-"`
 }
 
 // Resolution is how an approval ended.
@@ -146,11 +151,13 @@ type Resolution struct {
 	ResolvedAt int64           `json:"-"`
 }
 
-// Store persists pending approvals. Safe for concurrent use.
+// Store persists approvals: pending ones, and answered ones (Pending.Outcome
+// set) for the Keep window. Put inserts or replaces by (TID, ConfirmID).
+// Safe for concurrent use.
 type Store interface {
 	Put(ctx context.Context, p Pending) error
 	Delete(ctx context.Context, tid, confirmID string) error
-	List(ctx context.Context) ([]Pending, error) // every pending approval (load at start)
+	List(ctx context.Context) ([]Pending, error) // every approval, pending or answered (load at start)
 	Close() error
 }
 
@@ -280,9 +287,51 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		if _, dup := ts.pending[p.ConfirmID]; dup {
 			continue
 		}
+		if _, dup := ts.kept[p.ConfirmID]; dup {
+			continue
+		}
+		if r := p.Outcome; r != nil {
+			// An answer from before the restart: kept for what is left of
+			// its window (and within the budgets), like any other.
+			if m.now().Sub(time.UnixMilli(r.ResolvedAt)) >= m.cfg.Keep {
+				m.storeDelete(p.TID, p.ConfirmID)
+				m.forget(p.TID)
+				continue
+			}
+			e := &entry{key: key{p.TID, p.ConfirmID}, p: p, done: make(chan struct{})}
+			e.p.Outcome = nil
+			m.keepLocked(ts, e, *r, time.UnixMilli(r.ResolvedAt).Add(m.cfg.Keep))
+			continue
+		}
 		m.addPending(ts, p)
 	}
 	return m, nil
+}
+
+// storeDelete removes an approval from the Store (from timer and shedding
+// paths, without a caller's ctx). Caller holds mu.
+func (m *Manager) storeDelete(tid, id string) {
+	if m.cfg.Store == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if err := m.cfg.Store.Delete(ctx, tid, id); err != nil {
+		m.log.Warn("confirm: delete approval from store", "tid", tid, "confirmId", id, "err", err)
+	}
+}
+
+// storeResolved records e's answer in the Store. Caller holds mu.
+func (m *Manager) storeResolved(ctx context.Context, e *entry, r Resolution) {
+	if m.cfg.Store == nil {
+		return
+	}
+	p := e.p
+	p.TID, p.ConfirmID = e.key.tid, e.key.id
+	p.Outcome = &r
+	if err := m.cfg.Store.Put(ctx, p); err != nil {
+		m.log.Warn("confirm: record the answer in the store", "tid", e.key.tid, "confirmId", e.key.id, "err", err)
+	}
 }
 
 func (m *Manager) now() time.Time { return m.cfg.Clock() }
@@ -398,15 +447,13 @@ func (m *Manager) Propose(ctx context.Context, p Pending) error {
 	if r, ok := ts.parked[p.ConfirmID]; ok { // answered before it was recorded
 		delete(ts.parked, p.ConfirmID)
 		m.stopTimer(e.timer)
-		if m.cfg.Store != nil {
-			if err := m.cfg.Store.Delete(ctx, p.TID, p.ConfirmID); err != nil {
-				m.log.Warn("confirm: delete resolved approval from store", "tid", p.TID, "confirmId", p.ConfirmID, "err", err)
-			}
-		}
 		if r.Variant == "" {
 			r.Variant = p.Variant
 		}
 		m.resolveLocked(ts, e, r)
+		if ts.kept[p.ConfirmID] == e {
+			m.storeResolved(ctx, e, e.res)
+		}
 	}
 	return nil
 }
@@ -477,16 +524,14 @@ func (m *Manager) Resolve(ctx context.Context, tid, confirmID string, r Resoluti
 	e, wasPending := ts.pending[confirmID]
 	if wasPending {
 		m.stopTimer(e.timer)
-		if m.cfg.Store != nil {
-			if err := m.cfg.Store.Delete(ctx, tid, confirmID); err != nil {
-				m.log.Warn("confirm: delete resolved approval from store", "tid", tid, "confirmId", confirmID, "err", err)
-			}
-		}
 		if r.Variant == "" {
 			r.Variant = e.p.Variant
 		}
 	}
 	m.resolveLocked(ts, e, r)
+	if e.resolved && ts.kept[confirmID] == e {
+		m.storeResolved(ctx, e, e.res)
+	}
 	return e.p, wasPending
 }
 
@@ -504,9 +549,16 @@ func (m *Manager) resolveLocked(ts *tidState, e *entry, r Resolution) {
 	delete(ts.pending, e.key.id)
 	delete(ts.seq, e.key.id)
 	e.pending = false
+	m.keepLocked(ts, e, r, now.Add(m.cfg.Keep))
+}
+
+// keepLocked records r as e's answer, keeps it until keepTill (within the
+// budgets) and wakes e's waiters. Caller holds mu.
+func (m *Manager) keepLocked(ts *tidState, e *entry, r Resolution, keepTill time.Time) {
+	now := m.now()
 	e.resolved = true
 	e.res = r
-	e.keepTill = now.Add(m.cfg.Keep)
+	e.keepTill = keepTill
 	close(e.done)
 
 	n := keptSize(e.key.id, r)
@@ -554,9 +606,10 @@ func (m *Manager) heaviestLocked() *tidState {
 	return heavy
 }
 
-// unkeep forgets a kept resolution. Caller holds mu.
+// unkeep forgets a kept resolution (here and in the Store). Caller holds mu.
 func (m *Manager) unkeep(e *entry) {
 	ts := m.tids[e.key.tid]
+	m.storeDelete(e.key.tid, e.key.id)
 	m.kept.Remove(e.gElem)
 	n := keptSize(e.key.id, e.res)
 	m.keptBytes -= n
@@ -625,14 +678,12 @@ func (m *Manager) expire(e *entry) {
 		m.mu.Unlock()
 		return
 	}
-	if m.cfg.Store != nil {
+	m.resolveLocked(ts, e, Resolution{Status: StatusRejected, Reason: ReasonTimeout, Variant: e.p.Variant})
+	if ts.kept[e.key.id] == e {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-		if err := m.cfg.Store.Delete(ctx, e.key.tid, e.key.id); err != nil {
-			m.log.Warn("confirm: delete expired approval from store", "tid", e.key.tid, "confirmId", e.key.id, "err", err)
-		}
+		m.storeResolved(ctx, e, e.res)
 		cancel()
 	}
-	m.resolveLocked(ts, e, Resolution{Status: StatusRejected, Reason: ReasonTimeout, Variant: e.p.Variant})
 	p, hook := e.p, m.onExpire
 	if hook == nil {
 		if len(m.unnotified) >= maxUnnotified {
@@ -755,8 +806,13 @@ func (m *Manager) Drop(ctx context.Context, tid string) {
 			}
 		}
 	}
-	for _, e := range ts.kept {
+	for id, e := range ts.kept {
 		m.kept.Remove(e.gElem)
+		if m.cfg.Store != nil {
+			if err := m.cfg.Store.Delete(ctx, tid, id); err != nil {
+				m.log.Warn("confirm: delete dropped answer from store", "tid", tid, "confirmId", id, "err", err)
+			}
+		}
 	}
 	m.keptBytes -= ts.keptBytes
 	delete(m.tids, tid)
@@ -764,7 +820,7 @@ func (m *Manager) Drop(ctx context.Context, tid string) {
 
 // Close stops timers, wakes every waiter with ErrClosed, waits for timer
 // callbacks that already started, and closes the store. Pending approvals
-// stay in the Store for the next New. Close is idempotent.
+// and kept answers stay in the Store for the next New. Close is idempotent.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	if m.closed {
@@ -783,6 +839,7 @@ func (m *Manager) Close() error {
 	}
 	m.tids = make(map[string]*tidState)
 	m.kept.Init()
+	m.pendingBytes, m.keptBytes = 0, 0
 	m.mu.Unlock()
 	m.timers.Wait()
 	if m.cfg.Store != nil {

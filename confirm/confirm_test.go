@@ -53,8 +53,9 @@ func TestProposeResolveWait(t *testing.T) {
 	if err != nil || r.Status != StatusConfirmed || string(r.StateAfter) != `{"todos":[]}` || r.Variant != "clearAll" || r.ResolvedAt == 0 {
 		t.Fatalf("Wait = %+v, %v", r, err)
 	}
-	if ps, _ := store.List(ctx); len(ps) != 0 {
-		t.Fatalf("store still holds %d approvals after Resolve", len(ps))
+	// The store keeps the answer for the keep window (it survives a restart).
+	if ps, _ := store.List(ctx); len(ps) != 1 || ps[0].Outcome == nil || ps[0].Outcome.Status != StatusConfirmed || string(ps[0].Outcome.StateAfter) != `{"todos":[]}` {
+		t.Fatalf("store after Resolve = %+v, want the answered approval", ps)
 	}
 	if got := m.PendingFor("t1"); len(got) != 0 {
 		t.Fatalf("PendingFor after Resolve = %v", got)
@@ -175,8 +176,8 @@ func TestExpiry(t *testing.T) {
 			t.Fatalf("OnExpire calls = %+v, want one for t/c", expired)
 		}
 		mu.Unlock()
-		if ps, _ := store.List(t.Context()); len(ps) != 0 {
-			t.Fatalf("store still holds %+v after expiry", ps)
+		if ps, _ := store.List(t.Context()); len(ps) != 1 || ps[0].Outcome == nil || ps[0].Outcome.Reason != ReasonTimeout {
+			t.Fatalf("store after expiry = %+v, want the timeout answer", ps)
 		}
 		// A late approval loses: first wins.
 		if _, ok := m.Resolve(t.Context(), "t", "c", confirmed); ok {
@@ -540,8 +541,59 @@ func TestRestartSQLite(t *testing.T) {
 		if r, _ := m.Wait(t.Context(), "t", "will-expire"); r.Reason != ReasonTimeout {
 			t.Fatalf("Wait = %+v, want timeout", r)
 		}
+		// Answers are kept for Keep, then gone from SQLite too.
+		time.Sleep(DefaultKeep + time.Second)
+		synctest.Wait()
+		if _, err := m.Wait(t.Context(), "t", "will-confirm"); !errors.Is(err, ErrUnknown) {
+			t.Fatalf("after Keep: %v", err)
+		}
 		if ps, _ := m.cfg.Store.List(t.Context()); len(ps) != 0 {
 			t.Fatalf("SQLite still holds %+v", ps)
+		}
+	})
+}
+
+// An answer is not lost by a restart: before, only pending approvals were
+// persisted, so an approval answered just before a restart read back as
+// "unknown confirmId" (and the LLM could redo the action).
+func TestAnswerSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "lapd.db")
+	synctest.Test(t, func(t *testing.T) {
+		open := func() *Manager {
+			st, err := OpenSQLite(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := New(t.Context(), Config{Store: st})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}
+		m := open()
+		m.Propose(t.Context(), prop("t", "yes"))
+		m.Propose(t.Context(), prop("t", "no"))
+		m.Resolve(t.Context(), "t", "yes", confirmed)
+		m.Resolve(t.Context(), "t", "no", Resolution{Status: StatusRejected, Reason: ReasonUserCancelled})
+		m.Close()
+		time.Sleep(time.Minute)
+		m = open()
+		defer m.Close()
+		if r, err := m.Wait(t.Context(), "t", "yes"); err != nil || r.Status != StatusConfirmed || string(r.StateAfter) != `{"todos":[]}` || r.Variant != "clearAll" {
+			t.Fatalf("after restart: %+v, %v", r, err)
+		}
+		if r, err := m.Wait(t.Context(), "t", "no"); err != nil || r.Reason != ReasonUserCancelled {
+			t.Fatalf("after restart: %+v, %v", r, err)
+		}
+		if ps := m.PendingFor("t"); len(ps) != 0 {
+			t.Fatalf("answered approvals pending again: %+v", ps)
+		}
+		// what is left of the keep window, not a new one
+		time.Sleep(DefaultKeep - time.Minute + time.Second)
+		synctest.Wait()
+		if _, err := m.Wait(t.Context(), "t", "yes"); !errors.Is(err, ErrUnknown) {
+			t.Fatalf("kept past its window: %v", err)
 		}
 	})
 }
