@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 )
 
 // TestMCPPausedThenRecovered: the tab goes away, a tool call meets 503
@@ -20,7 +20,7 @@ func TestMCPPausedThenRecovered(t *testing.T) {
 			// Own server: /healthz counts every tab. A short grace keeps
 			// Retry-After (the grace left) short.
 			s := startServer(t, "", "--lap-rate", mcpNoRateLimit, "--grace", "4s")
-			tab, m := mcpTab(t, s, faketab.WithState(map[string]any{"count": 7.0, "todos": []any{}}))
+			tab, m := mcpTab(t, s, lapdtest.WithState(map[string]any{"count": 7.0, "todos": []any{}}))
 			c := tr.dial(t, s)
 			h, _ := mcpConnect(t, c, m)
 			if err := tab.Close(); err != nil {
@@ -44,7 +44,7 @@ func TestMCPPausedThenRecovered(t *testing.T) {
 			default:
 			}
 			// ... and the tab comes back within the grace window.
-			tab2 := mcpDial(t, m, faketab.WithState(map[string]any{"count": 8.0, "todos": []any{}}))
+			tab2 := mcpDial(t, m, lapdtest.WithState(map[string]any{"count": 8.0, "todos": []any{}}))
 			o := <-done
 			if o.IsError || o.SC["state"] != 8.0 {
 				t.Fatalf("get_state after the tab came back: %s", o.Text)
@@ -115,8 +115,8 @@ func TestMCPTwoSessions(t *testing.T) {
 	for _, tr := range mcpTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			t.Parallel()
-			tabA, mA := mcpTab(t, s, faketab.WithAppName("Alpha"))
-			tabB, mB := mcpTab(t, s, faketab.WithAppName("Beta"), faketab.WithState(map[string]any{"count": 100.0, "todos": []any{}}))
+			tabA, mA := mcpTab(t, s, lapdtest.WithAppName("Alpha"))
+			tabB, mB := mcpTab(t, s, lapdtest.WithAppName("Beta"), lapdtest.WithState(map[string]any{"count": 100.0, "todos": []any{}}))
 			c := tr.dial(t, s)
 			hA, outA := mcpConnect(t, c, mA)
 			hB, outB := mcpConnect(t, c, mB)

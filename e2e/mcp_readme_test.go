@@ -9,7 +9,7 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 )
 
 // The README's "done when": a scripted MCP client, following the README,
@@ -42,7 +42,7 @@ func TestReadmeFlow_HTTP(t *testing.T) {
 	mcpReadmeFlow(t, c, tab, m)
 }
 
-func mcpReadmeFlow(t *testing.T, c *client.Client, tab *faketab.Tab, m mintResp) {
+func mcpReadmeFlow(t *testing.T, c *client.Client, tab *lapdtest.Tab, m mintResp) {
 	// 1. The user pastes the line from the app's "Connect an AI" panel
 	//    (what the bridge's `connect` prompt turns into a connect_session call).
 	line := mcpLine(m)
@@ -73,7 +73,7 @@ func mcpReadmeFlow(t *testing.T, c *client.Client, tab *faketab.Tab, m mintResp)
 	if out = mcpOK(t, c, "narrate", S(map[string]any{"text": "Adding a task, then clearing the board"})); out.SC["ok"] != true {
 		t.Fatalf("narrate: %s", out.Text)
 	}
-	mcpWaitFrame(t, tab, "the narration in the tab", func(f faketab.Frame) bool {
+	mcpWaitFrame(t, tab, "the narration in the tab", func(f lapdtest.Frame) bool {
 		return f.T == "log-push" && strings.Contains(string(f.Raw), "Adding a task, then clearing the board")
 	})
 	out = mcpOK(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "addTodo", "title": "Buy milk"}}))
@@ -109,7 +109,7 @@ func mcpReadmeFlow(t *testing.T, c *client.Client, tab *faketab.Tab, m mintResp)
 
 	// 5. narrate the outcome.
 	mcpOK(t, c, "narrate", S(map[string]any{"text": "Done: the board is clear"}))
-	mcpWaitFrame(t, tab, "the closing narration", func(f faketab.Frame) bool {
+	mcpWaitFrame(t, tab, "the closing narration", func(f lapdtest.Frame) bool {
 		return f.T == "log-push" && strings.Contains(string(f.Raw), "Done: the board is clear")
 	})
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 )
 
 // fast enough that the suites never meet the per-token rate limit
@@ -33,7 +33,7 @@ func TestMCPTools(t *testing.T) {
 	}
 }
 
-func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *faketab.Tab, m mintResp, modern bool) {
+func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *lapdtest.Tab, m mintResp, modern bool) {
 	// The catalogue: 16 tools, connect_session first.
 	lt, err := c.ListTools(context.Background(), mcpgo.ListToolsRequest{})
 	if err != nil || len(lt.Tools) != 16 || lt.Tools[0].Name != "connect_session" {
@@ -51,7 +51,7 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *faketab.Tab, m
 
 	// connect_session with the pasted line.
 	h, out := mcpConnect(t, c, m)
-	if out.SC["appName"] != "faketab" || mcpPath(out.SC, "state.count") != 0.0 || mcpPath(out.SC, "description.schemaHash") != "faketab-1" {
+	if out.SC["appName"] != "lapdtest" || mcpPath(out.SC, "state.count") != 0.0 || mcpPath(out.SC, "description.schemaHash") != "lapdtest-1" {
 		t.Fatalf("connect_session result: %s", out.Text)
 	}
 	if strings.Contains(out.Text, m.Token) {
@@ -70,7 +70,7 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *faketab.Tab, m
 
 	// observe
 	out = mcpOK(t, c, "observe", S(nil))
-	if mcpPath(out.SC, "health.connected") != true || mcpPath(out.SC, "description.name") != "faketab" || mcpPath(out.SC, "context.summary") != "A fake tab" {
+	if mcpPath(out.SC, "health.connected") != true || mcpPath(out.SC, "description.name") != "lapdtest" || mcpPath(out.SC, "context.summary") != "A fake tab" {
 		t.Fatalf("observe: %s", out.Text)
 	}
 	if vs := mcpVariants(out.SC["actions"]); !slices.Equal(vs, []string{"inc", "addTodo", "clearAll"}) {
@@ -78,14 +78,14 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *faketab.Tab, m
 	}
 	if !modern {
 		// the only binding is the default
-		if o := mcpOK(t, c, "observe", nil); mcpPath(o.SC, "description.name") != "faketab" {
+		if o := mcpOK(t, c, "observe", nil); mcpPath(o.SC, "description.name") != "lapdtest" {
 			t.Fatalf("observe without session: %s", o.Text)
 		}
 	}
 
 	// describe_app
 	out = mcpOK(t, c, "describe_app", S(nil))
-	if out.SC["name"] != "faketab" || out.SC["version"] != "1.0.0" || out.SC["schemaHash"] != "faketab-1" {
+	if out.SC["name"] != "lapdtest" || out.SC["version"] != "1.0.0" || out.SC["schemaHash"] != "lapdtest-1" {
 		t.Fatalf("describe_app: %s", out.Text)
 	}
 
@@ -192,7 +192,7 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *faketab.Tab, m
 		o, err := mcpTryCall(ctxT(t, 30*time.Second), c, "wait_for_change", S(map[string]any{"path": "/count", "timeoutMs": 15000}))
 		done <- res{o, err}
 	}()
-	mcpWaitFrame(t, tab, "the watch frame", func(f faketab.Frame) bool { return f.T == "watch" })
+	mcpWaitFrame(t, tab, "the watch frame", func(f lapdtest.Frame) bool { return f.T == "watch" })
 	if err := tab.SetState(map[string]any{"count": 42.0, "todos": []any{}}); err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *faketab.Tab, m
 	if out = mcpOK(t, c, "narrate", S(map[string]any{"text": "Adding your tasks now"})); out.SC["ok"] != true {
 		t.Fatalf("narrate: %s", out.Text)
 	}
-	mcpWaitFrame(t, tab, "the narrate log-push", func(f faketab.Frame) bool {
+	mcpWaitFrame(t, tab, "the narrate log-push", func(f lapdtest.Frame) bool {
 		return f.T == "log-push" && strings.Contains(string(f.Raw), "Adding your tasks now")
 	})
 
@@ -227,7 +227,7 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *faketab.Tab, m
 	if out = mcpOK(t, c, "query_dom", S(map[string]any{"name": "save"})); mcpPath(out.SC, "elements.0.attrs.data-agent") != "save" {
 		t.Fatalf("query_dom: %s", out.Text)
 	}
-	if out = mcpOK(t, c, "describe_visible_content", S(nil)); out.SC["url"] != "http://faketab.test/" || out.SC["source"] != "fallback" || mcpPath(out.SC, "outline.0.text") != "Fake" {
+	if out = mcpOK(t, c, "describe_visible_content", S(nil)); out.SC["url"] != "http://lapdtest.test/" || out.SC["source"] != "fallback" || mcpPath(out.SC, "outline.0.text") != "Fake" {
 		t.Fatalf("describe_visible_content: %s", out.Text)
 	}
 	if out = mcpOK(t, c, "describe_context", S(nil)); mcpPath(out.SC, "context.summary") != "A fake tab" {

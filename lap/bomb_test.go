@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 )
 
 // The review's hint bomb over the wire: k required properties that each
@@ -24,7 +24,7 @@ func TestPolicyHintBombOverTheWire(t *testing.T) {
 		req = append(req, fmt.Sprintf(`"p%d"`, i))
 	}
 	pol := `{"variants":{"inc":{"schema":{"type":"object","properties":{` + strings.Join(props, ",") + `},"required":[` + strings.Join(req, ",") + `]}}}}`
-	token, _, _ := e.paired(faketab.WithPolicy(json.RawMessage(pol)))
+	token, _, _ := e.paired(lapdtest.WithPolicy(json.RawMessage(pol)))
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Add(1)

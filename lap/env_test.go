@@ -15,8 +15,8 @@ import (
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/confirm"
-	"github.com/lapd-dev/lapd/internal/faketab"
 	"github.com/lapd-dev/lapd/lap"
+	"github.com/lapd-dev/lapd/lapdtest"
 	"github.com/lapd-dev/lapd/pairing"
 	"github.com/lapd-dev/lapd/tokens"
 )
@@ -194,9 +194,9 @@ func (e *env) mint() (string, string) {
 	return m["token"].(string), m["tid"].(string)
 }
 
-func (e *env) dial(token string, opts ...faketab.Option) *faketab.Tab {
+func (e *env) dial(token string, opts ...lapdtest.Option) *lapdtest.Tab {
 	e.t.Helper()
-	tab, err := faketab.Dial(ctxT(e.t), e.srv.URL+"/agent/ws", token, opts...)
+	tab, err := lapdtest.Dial(ctxT(e.t), e.srv.URL+"/agent/ws", token, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func (e *env) dial(token string, opts ...faketab.Option) *faketab.Tab {
 }
 
 // paired mints and connects a tab.
-func (e *env) paired(opts ...faketab.Option) (token, tid string, tab *faketab.Tab) {
+func (e *env) paired(opts ...lapdtest.Option) (token, tid string, tab *lapdtest.Tab) {
 	e.t.Helper()
 	token, tid = e.mint()
 	return token, tid, e.dial(token, opts...)

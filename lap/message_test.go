@@ -9,14 +9,14 @@ import (
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 	"github.com/lapd-dev/lapd/tokens"
 )
 
 func TestServerSidePolicy(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	token, _, tab := e.paired(faketab.WithPolicy(faketab.DemoPolicy()))
+	token, _, tab := e.paired(lapdtest.WithPolicy(lapdtest.DemoPolicy()))
 	tests := []struct {
 		route, body, reason string
 	}{
@@ -53,7 +53,7 @@ func TestIdempotentMessage(t *testing.T) {
 	var calls sync.WaitGroup
 	calls.Add(1)
 	var once sync.Once
-	token, tid, tab := e.paired(faketab.WithHandler("send_message", func(json.RawMessage) (any, *faketab.RPCError) {
+	token, tid, tab := e.paired(lapdtest.WithHandler("send_message", func(json.RawMessage) (any, *lapdtest.RPCError) {
 		once.Do(calls.Done)
 		<-release
 		return map[string]any{"status": "dispatched", "stateDiff": []any{map[string]any{"op": "replace", "path": "/count", "value": 1}}}, nil
@@ -90,12 +90,12 @@ func TestIdempotentMessage(t *testing.T) {
 	}
 }
 
-func confirmTab(e *env) (string, *faketab.Tab) {
-	token, _, tab := e.paired(faketab.WithPolicy(faketab.DemoPolicy()))
+func confirmTab(e *env) (string, *lapdtest.Tab) {
+	token, _, tab := e.paired(lapdtest.WithPolicy(lapdtest.DemoPolicy()))
 	return token, tab
 }
 
-func pendingID(t *testing.T, tab *faketab.Tab) string {
+func pendingID(t *testing.T, tab *lapdtest.Tab) string {
 	t.Helper()
 	f, err := tab.WaitFor(ctxT(t), "rpc")
 	if err != nil {
@@ -230,7 +230,7 @@ func TestConfirmSyncOnReconnect(t *testing.T) {
 	id := r.json(t)["confirmId"].(string)
 	tab.Close()
 	waitStatus(t, e, e.tids()[0], tokens.StatusPendingResume)
-	tab2 := e.dial(token, faketab.WithPolicy(faketab.DemoPolicy()))
+	tab2 := e.dial(token, lapdtest.WithPolicy(lapdtest.DemoPolicy()))
 	if _, err := tab2.WaitFor(ctxT(t), "active"); err != nil { // pushed first
 		t.Errorf("re-pair did not push active: %v", err)
 	}
@@ -248,7 +248,7 @@ func TestDrain(t *testing.T) {
 	e := newEnv(t)
 	entered := make(chan struct{})
 	release := make(chan struct{})
-	token, _, _ := e.paired(faketab.WithHandler("list_actions", func(json.RawMessage) (any, *faketab.RPCError) {
+	token, _, _ := e.paired(lapdtest.WithHandler("list_actions", func(json.RawMessage) (any, *lapdtest.RPCError) {
 		close(entered)
 		<-release
 		return map[string]any{"actions": []any{}}, nil
@@ -286,10 +286,10 @@ func TestIdempotencyKeyNeverDispatchesTwice(t *testing.T) {
 		e := newEnv(t)
 		var mu sync.Mutex
 		dispatched := map[string]int{}
-		var tab *faketab.Tab
+		var tab *lapdtest.Tab
 		got := make(chan struct{}, 1)
 		stop := make(chan struct{})
-		handler := faketab.WithHandler("send_message", func(args json.RawMessage) (any, *faketab.RPCError) {
+		handler := lapdtest.WithHandler("send_message", func(args json.RawMessage) (any, *lapdtest.RPCError) {
 			var a struct {
 				IdempotencyKey   string `json:"idempotencyKey"`
 				IdempotencyTTLMs int64  `json:"idempotencyTtlMs"`
@@ -303,7 +303,7 @@ func TestIdempotencyKeyNeverDispatchesTwice(t *testing.T) {
 			mu.Unlock()
 			got <- struct{}{}
 			<-stop // never answers: the socket drops first
-			return nil, &faketab.RPCError{Code: "internal"}
+			return nil, &lapdtest.RPCError{Code: "internal"}
 		})
 		token, _ := e.mint()
 		tab = e.dial(token, handler)
@@ -337,7 +337,7 @@ func TestIdempotencyKeyNeverDispatchesTwice(t *testing.T) {
 		finished := make(chan struct{}, 8)
 		n := 0
 		var mu sync.Mutex
-		token, _, _ := e.paired(faketab.WithHandler("send_message", func(json.RawMessage) (any, *faketab.RPCError) {
+		token, _, _ := e.paired(lapdtest.WithHandler("send_message", func(json.RawMessage) (any, *lapdtest.RPCError) {
 			mu.Lock()
 			n++
 			mu.Unlock()
@@ -369,7 +369,7 @@ func TestIdempotencyKeyNeverDispatchesTwice(t *testing.T) {
 func TestReusedConfirmID(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	token, tid, _ := e.paired(faketab.WithHandler("send_message", func(json.RawMessage) (any, *faketab.RPCError) {
+	token, tid, _ := e.paired(lapdtest.WithHandler("send_message", func(json.RawMessage) (any, *lapdtest.RPCError) {
 		return map[string]any{"status": "pending-confirmation", "confirmId": "c-fixed"}, nil
 	}))
 	for range 2 {

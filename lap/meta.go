@@ -33,11 +33,11 @@ type metaCall struct {
 }
 
 var metaRoutes = map[string]metaHandler{
-	"/agent/mint":         {http.MethodPost, (*Server).mint},
-	"/agent/resume/list":  {http.MethodPost, (*Server).resumeList},
-	"/agent/resume/claim": {http.MethodPost, (*Server).resumeClaim},
-	"/agent/revoke":       {http.MethodPost, (*Server).revoke},
-	"/agent/sessions":     {http.MethodGet, (*Server).sessions},
+	"/mint":         {http.MethodPost, (*Server).mint},
+	"/resume/list":  {http.MethodPost, (*Server).resumeList},
+	"/resume/claim": {http.MethodPost, (*Server).resumeClaim},
+	"/revoke":       {http.MethodPost, (*Server).revoke},
+	"/sessions":     {http.MethodGet, (*Server).sessions},
 }
 
 func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, h metaHandler) {
@@ -126,7 +126,7 @@ func firstValue(v string) string {
 
 func (s *Server) urls(origin string) (wsURL, lapURL string) {
 	ws := "ws" + strings.TrimPrefix(origin, "http")
-	return ws + "/agent/ws", origin + s.cfg.BasePath
+	return ws + s.cfg.Prefix + "/ws", origin + s.cfg.BasePath
 }
 
 func (s *Server) rateKey(m *metaCall) string {
@@ -228,20 +228,44 @@ func (s *Server) revoke(m *metaCall) (any, *apiError) {
 	if !ok {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, "tid required")
 	}
-	if _, err := s.cfg.Tokens.Revoke(m.ctx, tid, m.uid); err != nil {
+	if err := s.revokeAs(m.ctx, tid, m.uid); err != nil {
 		if errors.Is(err, tokens.ErrForbidden) || errors.Is(err, tokens.ErrNotFound) {
 			return nil, errf(http.StatusForbidden, CodeRevoked, "")
 		}
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "revoke failed")
 	}
+	return map[string]string{"status": "revoked"}, nil
+}
+
+// Revoke ends session tid on the server's side, whoever owns it (an admin
+// action of the host app): the token stops working at once (403 revoked), the
+// tab is closed with 4001, its pending approvals are dropped, and the revoke
+// is audited. tokens.ErrForbidden if tid is unknown; revoking twice is not an
+// error.
+func (s *Server) Revoke(ctx context.Context, tid string) error {
+	rec, err := s.cfg.Tokens.Get(ctx, tid)
+	if err != nil {
+		if errors.Is(err, tokens.ErrNotFound) {
+			return tokens.ErrForbidden
+		}
+		return err
+	}
+	return s.revokeAs(ctx, tid, rec.UID)
+}
+
+// revokeAs revokes tid as uid (the record's owner must be uid).
+func (s *Server) revokeAs(ctx context.Context, tid, uid string) error {
+	if _, err := s.cfg.Tokens.Revoke(ctx, tid, uid); err != nil {
+		return err
+	}
 	s.cfg.Registry.Unregister(tid)
 	s.onClosed(tid)
-	s.cfg.Confirm.Drop(context.WithoutCancel(m.ctx), tid)
+	s.cfg.Confirm.Drop(context.WithoutCancel(ctx), tid)
 	s.idem.drop(tid)
 	s.policies.drop(tid)
 	s.descs.drop(tid)
-	s.audit(m.ctx, tid, m.uid, audit.EventRevoke, map[string]any{})
-	return map[string]string{"status": "revoked"}, nil
+	s.audit(ctx, tid, uid, audit.EventRevoke, map[string]any{})
+	return nil
 }
 
 func (s *Server) sessions(m *metaCall) (any, *apiError) {

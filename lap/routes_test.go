@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 	"github.com/lapd-dev/lapd/tokens"
 )
 
@@ -21,7 +21,7 @@ func TestRoutesSuccess(t *testing.T) {
 		route, body string
 		want        []string // substrings of the 200 body
 	}{
-		{"/describe", "", []string{`"name":"faketab"`, `"schemaHash":"faketab-1"`, `"dispatchModel":"TEA"`}},
+		{"/describe", "", []string{`"name":"lapdtest"`, `"schemaHash":"lapdtest-1"`, `"dispatchModel":"TEA"`}},
 		{"/observe", "", []string{`"state":{`, `"actions":[`, `"description":{`, `"health":{"connected":true`, `"context":{`}},
 		{"/state", `{"path":"/count"}`, []string{`{"state":0}`}},
 		{"/state", ``, []string{`"state":{`}},
@@ -206,7 +206,7 @@ func TestTabDropsMidCall(t *testing.T) {
 	entered := make(chan struct{})
 	block := make(chan struct{})
 	defer close(block)
-	token, _, tab := e.paired(faketab.WithHandler("list_actions", func(json.RawMessage) (any, *faketab.RPCError) {
+	token, _, tab := e.paired(lapdtest.WithHandler("list_actions", func(json.RawMessage) (any, *lapdtest.RPCError) {
 		close(entered)
 		<-block
 		return nil, nil
@@ -227,9 +227,9 @@ func TestRPCTimeoutAndError(t *testing.T) {
 	block := make(chan struct{})
 	defer close(block)
 	token, _, _ := e.paired(
-		faketab.WithHandler("describe_context", func(json.RawMessage) (any, *faketab.RPCError) { <-block; return nil, nil }),
-		faketab.WithHandler("describe_visible_content", func(json.RawMessage) (any, *faketab.RPCError) {
-			return nil, &faketab.RPCError{Code: "invalid", Detail: "no DOM here"}
+		lapdtest.WithHandler("describe_context", func(json.RawMessage) (any, *lapdtest.RPCError) { <-block; return nil, nil }),
+		lapdtest.WithHandler("describe_visible_content", func(json.RawMessage) (any, *lapdtest.RPCError) {
+			return nil, &lapdtest.RPCError{Code: "invalid", Detail: "no DOM here"}
 		}),
 	)
 	if r := e.lapCall(token, "/context", ""); r.status != 504 || r.code() != "timeout" {

@@ -3,7 +3,8 @@
 // (/agent/lap/v1/observe, /message, ...), with the reference's gates, error
 // envelope and status codes, plus lapd's additions (docs/PROTOCOL.md).
 //
-// Build a Server from the other parts and mount its Handler:
+// Most programs get a Server from lapd.New, which wires every part. By hand,
+// build it from the other parts and mount its Handler:
 //
 //	srv, err := lap.New(lap.Config{Tokens: tm, Registry: reg, Confirm: cm, Audit: al})
 //	mux.Handle("/agent/", srv.Handler())
@@ -49,7 +50,8 @@ import (
 
 // Defaults.
 const (
-	DefaultBasePath       = "/agent/lap/v1"
+	DefaultPrefix         = "/agent"
+	DefaultBasePath       = DefaultPrefix + "/lap/v1"
 	DefaultMaxBody        = 1 << 20
 	DefaultIdempotencyTTL = 10 * time.Minute
 	// MaxTimeout caps every caller-supplied timeoutMs (/message, /wait, /confirm-result).
@@ -67,7 +69,8 @@ type Config struct {
 	Audit    *audit.Log        // nil = no audit
 	Logger   *slog.Logger      // nil = discard
 
-	BasePath string // LAP base path; default "/agent/lap/v1"
+	Prefix   string // path prefix of the meta routes and of the WebSocket URL handed out by mint; default "/agent"; "/" = the root
+	BasePath string // LAP base path; default Prefix+"/lap/v1"
 	MaxBody  int64  // LAP request body cap; default 1 MiB
 
 	LAPRate     rate.Limit // per-tid LAP calls; default 30/min
@@ -121,8 +124,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Tokens == nil || cfg.Registry == nil || cfg.Confirm == nil {
 		return nil, errors.New("lap: Config needs Tokens, Registry and Confirm")
 	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	cfg.Prefix = strings.TrimRight("/"+strings.Trim(cfg.Prefix, "/"), "/")
 	if cfg.BasePath == "" {
-		cfg.BasePath = DefaultBasePath
+		cfg.BasePath = cfg.Prefix + "/lap/v1"
 	}
 	cfg.BasePath = "/" + strings.Trim(cfg.BasePath, "/")
 	if cfg.PublicURL != "" {
@@ -194,9 +201,13 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Handler serves the meta routes under /agent and the LAP routes under
-// BasePath; anything else is a JSON 404.
+// Handler serves the meta routes under Prefix (/agent/mint, …) and the LAP
+// routes under BasePath; anything else is a JSON 404. It expects the full
+// request path (mount it without http.StripPrefix).
 func (s *Server) Handler() http.Handler { return s.handler }
+
+// Prefix is the meta routes' prefix in use ("/agent" by default).
+func (s *Server) Prefix() string { return s.cfg.Prefix }
 
 // BasePath is the LAP base path in use.
 func (s *Server) BasePath() string { return s.cfg.BasePath }
@@ -209,9 +220,11 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if m, ok := metaRoutes[path]; ok {
-		s.serveMeta(w, r, path, m)
-		return
+	if tail, ok := strings.CutPrefix(path, s.cfg.Prefix); ok {
+		if m, ok := metaRoutes[tail]; ok {
+			s.serveMeta(w, r, path, m)
+			return
+		}
 	}
 	writeError(w, errf(http.StatusNotFound, CodeNotFound, "no route "+path))
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/lapd-dev/lapd/audit"
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 )
 
 // One exact-key decode decides the variant: a msg that also carries a
@@ -17,9 +17,9 @@ func TestCaseVariantDiscriminantRefused(t *testing.T) {
 	t.Parallel()
 	for _, withPolicy := range []bool{false, true} {
 		e := newEnv(t)
-		var opts []faketab.Option
+		var opts []lapdtest.Option
 		if withPolicy {
-			opts = append(opts, faketab.WithPolicy(faketab.DemoPolicy()))
+			opts = append(opts, lapdtest.WithPolicy(lapdtest.DemoPolicy()))
 		}
 		token, tid, tab := e.paired(opts...)
 		for _, body := range []string{

@@ -12,8 +12,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/lapd-dev/lapd"
 	"github.com/lapd-dev/lapd/audit"
-	"github.com/lapd-dev/lapd/internal/sqlitedb"
 )
 
 // runAudit is `lapd audit`: print and filter audit entries from the SQLite
@@ -68,15 +68,11 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		if _, err := os.Stat(path); err != nil {
 			return fmt.Errorf("no audit database at %s (run lapd serve with --data-dir %s, or pass --file): %w", path, dataDir, err)
 		}
-		db, err := sqlitedb.Open(path)
+		s, closer, err := lapd.OpenAudit(dataDir)
 		if err != nil {
 			return err
 		}
-		defer db.Close()
-		s, err := audit.NewSQLiteSink(db)
-		if err != nil {
-			return err
-		}
+		defer closer.Close()
 		q = s
 	}
 	entries, err := q.Query(ctx, f)

@@ -67,14 +67,14 @@ func TestIsLoopback(t *testing.T) {
 	}
 }
 
-func TestAppConfig(t *testing.T) {
+func TestLapdConfig(t *testing.T) {
 	t.Parallel()
 	base, err := parseServeFlags(nil, io.Discard, envMap(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := base
-	a, err := appConfig(c, io.Discard, nil)
+	a, err := lapdConfig(c, io.Discard, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,22 +82,22 @@ func TestAppConfig(t *testing.T) {
 		t.Errorf("defaults on loopback: anonymous=%v stdout=%v sqlite=%v", a.AllowAnonymous, a.AuditStdout, a.AuditSQLite)
 	}
 	c.Addr = "0.0.0.0:8787"
-	if a, _ := appConfig(c, io.Discard, nil); a.AllowAnonymous {
+	if a, _ := lapdConfig(c, io.Discard, nil); a.AllowAnonymous {
 		t.Error("auto must refuse anonymous mint when listening beyond loopback")
 	}
 	c = base
 	c.Audit = "stdout,carrier-pigeon"
-	if _, err := appConfig(c, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "carrier-pigeon") {
+	if _, err := lapdConfig(c, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "carrier-pigeon") {
 		t.Errorf("unknown audit sink: %v", err)
 	}
 	c = base
 	c.IdentityCookie, c.IdentityCookieKey = "uid", "short"
-	if _, err := appConfig(c, io.Discard, nil); err == nil {
+	if _, err := lapdConfig(c, io.Discard, nil); err == nil {
 		t.Error("a short identity cookie key must be refused")
 	}
 	c = base
 	c.Store, c.Audit = "memory", "sqlite"
-	if _, err := appConfig(c, io.Discard, nil); err == nil {
+	if _, err := lapdConfig(c, io.Discard, nil); err == nil {
 		t.Error("--audit sqlite with --store memory must be refused")
 	}
 }

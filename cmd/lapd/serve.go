@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/lapd-dev/lapd/internal/app"
+	"github.com/lapd-dev/lapd"
 	"github.com/lapd-dev/lapd/lap"
 )
 
@@ -32,7 +32,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	if err != nil {
 		return err
 	}
-	acfg, err := appConfig(c, stdout, log)
+	lcfg, err := lapdConfig(c, stdout, log)
 	if err != nil {
 		return err
 	}
@@ -40,25 +40,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (choose another with --addr or LAPD_ADDR)", c.Addr, err)
 	}
-	a, err := app.New(ctx, acfg)
+	l, err := lapd.New(ctx, lcfg)
 	if err != nil {
 		ln.Close()
-		return err
-	}
-	closeExtras, err := mountExtras(a, c, log)
-	if err != nil {
-		ln.Close()
-		a.Shutdown(context.Background())
 		return err
 	}
 	hs := &http.Server{
-		Handler:           a.Mux,
+		Handler:           l.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	base := "http://" + ln.Addr().String()
-	log.Info("lapd listening on "+base, "data_dir", dataDirOrMemory(c), "anonymous_mint", acfg.AllowAnonymous,
+	log.Info("lapd listening on "+base, "data_dir", dataDirOrMemory(c), "anonymous_mint", lcfg.AllowAnonymous,
 		"demo", c.Demo, "mcp", c.MCP)
 	if c.Demo {
 		fmt.Fprintf(stderr, "\n  Demo app:      %s/\n  MCP endpoint:  %s/agent/mcp\n  LAP base:      %s/agent/lap/v1\n\n", base, base, base)
@@ -67,24 +61,23 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	go func() { errc <- hs.Serve(ln) }()
 	select {
 	case err := <-errc:
-		a.Shutdown(context.Background())
+		l.Shutdown(context.Background())
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: refusing new calls, finishing in-flight ones", "timeout", c.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 	defer cancel()
-	// Order: the app drains LAP and closes tabs with 1012 (they reconnect to
-	// the next process) while the listener still answers in-flight requests;
-	// then the HTTP server stops.
-	errMCP := closeExtras(sctx)
-	errApp := a.Shutdown(sctx)
+	// Order: lapd closes MCP sessions, drains LAP and closes tabs with 1012
+	// (they reconnect to the next process) while the listener still answers
+	// in-flight requests; then the HTTP server stops.
+	errLapd := l.Shutdown(sctx)
 	hs.SetKeepAlivesEnabled(false)
 	errHTTP := hs.Shutdown(sctx)
 	if errors.Is(errHTTP, context.DeadlineExceeded) {
 		hs.Close()
 	}
-	if err := errors.Join(errMCP, errApp, errHTTP); err != nil {
+	if err := errors.Join(errLapd, errHTTP); err != nil {
 		log.Warn("shutdown finished with errors", "err", err)
 		return err
 	}
@@ -99,10 +92,10 @@ func dataDirOrMemory(c serveConfig) string {
 	return c.DataDir
 }
 
-// appConfig turns flags into the composition root's config: the only place
-// where choices between implementations are made.
-func appConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (app.Config, error) {
-	acfg := app.Config{
+// lapdConfig turns flags into lapd.Config; lapd.New makes the choices
+// between implementations from it.
+func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config, error) {
+	acfg := lapd.Config{
 		DataDir:       c.DataDir,
 		Store:         c.Store,
 		Logger:        log,
@@ -119,6 +112,9 @@ func appConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (app.Config, e
 		PingInterval:  c.PingInterval,
 		ConfirmExpiry: c.ConfirmExpiry,
 		MaxKeptBytes:  int64(c.MaxKeptMiB) << 20,
+		DisableMCP:    !c.MCP,
+		Demo:          c.Demo,
+		Version:       lapdVersion(),
 	}
 	if c.Store == "memory" {
 		acfg.DataDir = ""

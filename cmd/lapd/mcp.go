@@ -6,48 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	neturl "net/url"
 	"strings"
 	"time"
 
-	"github.com/lapd-dev/lapd/client"
-	"github.com/lapd-dev/lapd/examples"
-	"github.com/lapd-dev/lapd/internal/app"
 	"github.com/lapd-dev/lapd/lap"
 	"github.com/lapd-dev/lapd/mcp"
 )
-
-// mountExtras mounts the browser client, the demo app and /agent/mcp on the
-// app's mux. It returns a closer for what it started.
-func mountExtras(a *app.App, c serveConfig, log *slog.Logger) (func(context.Context) error, error) {
-	ch := client.Handler()
-	a.Mux.Handle("GET "+client.ScriptPath, ch)
-	a.Mux.Handle("GET "+client.TypesPath, ch)
-	if c.Demo {
-		a.Mux.Handle("/", examples.Handler())
-		a.Mux.Handle("/demo/save", examples.SaveHandler())
-	}
-	if !c.MCP {
-		return func(context.Context) error { return nil }, nil
-	}
-	h, err := mcp.NewHTTPHandler(mcp.HTTPConfig{
-		Config: mcp.Config{
-			Client:  a.LAP.Client(),
-			Logger:  log.With("component", "mcp"),
-			Name:    "lapd",
-			Version: lapdVersion(),
-		},
-		AllowedOrigins: splitList(c.Origins),
-		Audit:          a.Audit,
-	})
-	if err != nil {
-		return nil, err
-	}
-	a.Mux.Handle("/agent/mcp", h)
-	return h.Close, nil
-}
 
 // runMCP is `lapd mcp`: the stdio MCP bridge. stdout carries only MCP
 // messages; logs go to stderr.
