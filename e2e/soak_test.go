@@ -522,12 +522,13 @@ type simAgent struct {
 
 // call is one logical LAP call with the MCP executor's retry rules: 503
 // paused (reconnect pending) and shutting-down, 429 and network errors are
-// retried with the same body (so the same idempotencyKey) within budget.
+// retried with the same body (so the same idempotencyKey) within budget;
+// and, as a model told "the app did not answer in time" might, a 504 too.
 func (a *simAgent) call(route string, body map[string]any, budget time.Duration) (int, []byte) {
 	deadline := time.Now().Add(budget)
 	for {
 		status, hdr, b, err := post(a.srv.base()+"/agent/lap/v1"+route, a.token, body)
-		retry := err != nil || status == 429 || (status == 503 && (errCode(b) == "shutting-down" || hdr.Get("X-LLui-Reconnect") == "pending"))
+		retry := err != nil || status == 429 || status == 504 || (status == 503 && (errCode(b) == "shutting-down" || hdr.Get("X-LLui-Reconnect") == "pending"))
 		if !retry || time.Now().After(deadline) {
 			if err != nil {
 				return 0, []byte(err.Error())
