@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/lapd-dev/lapd/schema"
 )
@@ -15,10 +18,20 @@ import (
 const DefaultPolicyCacheBytes = 64 << 20
 
 // maxConcurrentCompiles bounds the policies compiled at once (each is at most
-// schema.MaxPolicyNodes subschemas: a fraction of a second of one core).
-const maxConcurrentCompiles = 2
+// schema.MaxPolicyNodes subschemas: a fraction of a second of one core), and
+// each session may have a new policy compiled at most compileBurst times,
+// then once every compileEvery (a tab sends one hello per connection;
+// reconnecting with the same policy compiles nothing).
+const (
+	maxConcurrentCompiles = 1
+	compileBurst          = 4
+	compileEvery          = 15 * time.Second
+)
 
-var errCompileBusy = errors.New("lap: policy compile queue busy")
+var (
+	errCompileBusy  = errors.New("lap: policy compile queue busy")
+	errCompileQuota = errors.New("lap: this session's policy changed too often")
+)
 
 // policyCache compiles each distinct hello.policy once and shares it: tabs
 // of one app send the same policy, so it is keyed by the SHA-256 of its
@@ -34,6 +47,7 @@ type policyCache struct {
 	onEvict func(bytes int)                               // a compiled policy was evicted for the budget; nil = nothing
 
 	mu    sync.Mutex
+	quota map[string]*rate.Limiter // per tid: compiles it may cause
 	tids  map[string]tidPolicy
 	byKey map[[32]byte]*policyEntry
 	lru   *list.List // of *policyEntry, most recent at the front
@@ -60,7 +74,7 @@ func newPolicyCache(budget int) *policyCache {
 		budget = DefaultPolicyCacheBytes
 	}
 	return &policyCache{budget: budget, sem: make(chan struct{}, maxConcurrentCompiles), parse: schema.Parse,
-		tids: map[string]tidPolicy{}, byKey: map[[32]byte]*policyEntry{}, lru: list.New()}
+		quota: map[string]*rate.Limiter{}, tids: map[string]tidPolicy{}, byKey: map[[32]byte]*policyEntry{}, lru: list.New()}
 }
 
 func sameBytes(a, b []byte) bool {
@@ -80,6 +94,15 @@ func (pc *policyCache) get(ctx context.Context, tid string, raw []byte) (*schema
 	}
 	e := pc.byKey[t.digest]
 	if e == nil {
+		q := pc.quota[tid]
+		if q == nil {
+			q = rate.NewLimiter(rate.Every(compileEvery), compileBurst)
+			pc.quota[tid] = q
+		}
+		if !q.Allow() {
+			pc.mu.Unlock()
+			return nil, errCompileQuota
+		}
 		e = &policyEntry{key: t.digest, ready: make(chan struct{})}
 		pc.byKey[t.digest] = e
 		pc.mu.Unlock()
@@ -141,6 +164,7 @@ func (pc *policyCache) evictLocked(e *policyEntry) {
 func (pc *policyCache) drop(tid string) {
 	pc.mu.Lock()
 	delete(pc.tids, tid)
+	delete(pc.quota, tid)
 	pc.mu.Unlock()
 }
 

@@ -3,6 +3,7 @@ package lap
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -65,12 +66,35 @@ func TestPolicyCacheBudget(t *testing.T) {
 	pc := newPolicyCache(1) // smaller than any policy: only the newest is kept
 	for i := range 5 {
 		raw := []byte(fmt.Sprintf(`{"variants":{"v%d":{}}}`, i))
-		if _, err := pc.get(context.Background(), "t", raw); err != nil {
+		if _, err := pc.get(context.Background(), fmt.Sprint("t", i), raw); err != nil {
 			t.Fatal(err)
 		}
 	}
 	n, _, shed := pc.stats()
 	if n != 1 || shed != 4 {
 		t.Errorf("kept %d, shed %d; want 1 and 4", n, shed)
+	}
+}
+
+// A session that keeps sending new policies gets them compiled only so
+// often: compile work per session is bounded.
+func TestPolicyCompileQuota(t *testing.T) {
+	t.Parallel()
+	pc := newPolicyCache(0)
+	var err error
+	n := 0
+	for i := range 20 {
+		raw := []byte(fmt.Sprintf(`{"variants":{"v%d":{}}}`, i))
+		if _, err = pc.get(context.Background(), "t", raw); err != nil {
+			break
+		}
+		n++
+	}
+	if n != compileBurst || !errors.Is(err, errCompileQuota) {
+		t.Errorf("compiled %d new policies, then %v; want %d then errCompileQuota", n, err, compileBurst)
+	}
+	// another session is not affected, nor a policy already compiled
+	if _, err := pc.get(context.Background(), "u", []byte(`{"variants":{"v0":{}}}`)); err != nil {
+		t.Errorf("cached policy for another tab: %v", err)
 	}
 }

@@ -39,8 +39,13 @@ func (c *call) splitMsg(msg json.RawMessage) (variant string, payload json.RawMe
 // checkPolicy enforces the tab's policy; a non-nil result is the 200 rejection body.
 func (c *call) checkPolicy(msg json.RawMessage, variant string) (*schema.Rejection, *schema.Policy, *apiError) {
 	pol, err := c.s.policy(c.ctx, c.tid)
-	if errors.Is(err, errCompileBusy) {
-		return nil, nil, errf(http.StatusServiceUnavailable, CodeRateLimited, "lapd is busy compiling app policies; retry in a few seconds")
+	switch {
+	case errors.Is(err, errCompileBusy):
+		return nil, nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: 2000,
+			detail: "lapd is busy compiling app policies; retry in a few seconds"}
+	case errors.Is(err, errCompileQuota):
+		return nil, nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: compileEvery.Milliseconds(),
+			detail: "the app changed its action policy too often; retry in a few seconds"}
 	}
 	if err != nil {
 		return nil, nil, errf(http.StatusInternalServerError, CodeSchemaError, "the app sent an invalid hello.policy: "+err.Error())

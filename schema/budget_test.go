@@ -99,6 +99,10 @@ func TestCompileWorkIsBounded(t *testing.T) {
 			t.Errorf("%s: Parse allocated %d MB before refusing", name, n>>20)
 		}
 	}
+	deep := `{"variants":{"v":{"schema":` + strings.Repeat(`{"not":`, 2000) + `{}` + strings.Repeat(`}`, 2000) + `}}}`
+	if _, err := Parse(json.RawMessage(deep)); err == nil || !strings.Contains(err.Error(), "deeper than") {
+		t.Errorf("2000-deep schema (it took 35 s to compile): Parse error = %v, want the depth limit", err)
+	}
 	for _, tc := range []struct{ pattern, want string }{
 		{strings.Repeat("a", MaxPatternLen+1), "byte limit"},
 		{`[a-z]{0,1000}[a-z]{0,1000}[a-z]{0,1000}`, "instructions"},
@@ -188,6 +192,38 @@ func BenchmarkCheckAtBudget(b *testing.B) {
 			for b.Loop() {
 				if r := p.Check(json.RawMessage(tc.msg)); r != nil && strings.Contains(r.Detail, "too") {
 					b.Fatal(r.Detail)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkParseAtLimit compiles policies just inside the node limits: the
+// costliest shapes found (the compiler is superlinear in one schema's size
+// and depth).
+func BenchmarkParseAtLimit(b *testing.B) {
+	flat := `{"allOf":[` + strings.Repeat(`{},`, MaxVariantNodes-2) + `{}]}`
+	nested := strings.Repeat(`{"not":`, MaxSchemaDepth-1) + `{}` + strings.Repeat(`}`, MaxSchemaDepth-1)
+	props := strings.Repeat(`{"properties":{"a":`, MaxSchemaDepth/2-1) + `{}` + strings.Repeat(`}}`, MaxSchemaDepth/2-1)
+	for _, tc := range []struct {
+		name   string
+		schema string
+		n      int
+	}{
+		{"flat", flat, MaxPolicyNodes / MaxVariantNodes},
+		{"nested not", nested, MaxPolicyNodes / MaxSchemaDepth},
+		{"nested properties", props, MaxPolicyNodes / MaxSchemaDepth},
+	} {
+		var vs []string
+		for i := range tc.n {
+			vs = append(vs, fmt.Sprintf(`"v%d":{"schema":%s}`, i, tc.schema))
+		}
+		pol := json.RawMessage(`{"variants":{` + strings.Join(vs, ",") + `}}`)
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Parse(pol); err != nil {
+					b.Fatal(err)
 				}
 			}
 		})

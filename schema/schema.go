@@ -68,7 +68,9 @@ const (
 	MaxSchemaBytes   = 256 << 10 // JSON of one variant's schema
 	MaxPolicyBytes   = 4 << 20   // JSON of the whole policy (the WebSocket frame limit)
 	MaxVariantName   = 200       // bytes of a variant name
-	MaxPolicyNodes   = 10_000    // JSON objects and arrays in all of a policy's schemas (bounds compile time and memory)
+	MaxPolicyNodes   = 5000      // JSON objects and arrays in all of a policy's schemas (bounds compile time and memory)
+	MaxVariantNodes  = 500       // … in one variant's schema (the compiler is superlinear in one schema's size)
+	MaxSchemaDepth   = 32        // nesting of objects and arrays in one schema (… and much more so in its depth)
 	maxFieldErrors   = 20        // FieldErrors in a Rejection
 	maxDetailErrors  = 5         // errors spelled out in a Rejection's Detail
 	maxListedNames   = 20        // known variants listed for an unknown one
@@ -259,18 +261,34 @@ func decodeVariant(raw json.RawMessage, nodes *int) (*variant, error) {
 }
 
 // scanSchema counts the objects and arrays of a schema document into nodes
-// (refusing past MaxPolicyNodes in all), and refuses references the cost
+// (refusing past MaxVariantNodes in it, MaxPolicyNodes in all, or nesting
+// past MaxSchemaDepth: the compiler's time grows faster than the size of
+// one schema, and much faster than its depth), and refuses references the cost
 // bound cannot follow: $dynamicRef, $recursiveRef, and a $ref that does not
 // start with "#" (the built-in meta-schemas are reachable that way and use
 // $dynamicRef). Keywords whose values are data (const, enum, default,
 // examples) are counted but not searched for references.
 func scanSchema(doc any, nodes *int) error {
-	var walk func(v any, data bool) error
-	walk = func(v any, data bool) error {
+	mine := 0
+	count := func(depth int) error {
+		*nodes++
+		mine++
+		switch {
+		case depth > MaxSchemaDepth:
+			return fmt.Errorf("the schema nests objects and arrays deeper than %d levels; flatten it (use $defs)", MaxSchemaDepth)
+		case mine > MaxVariantNodes:
+			return fmt.Errorf("the schema has over %d objects and arrays; simplify it", MaxVariantNodes)
+		case *nodes > MaxPolicyNodes:
+			return fmt.Errorf("the policy's schemas have over %d objects and arrays in all; simplify them", MaxPolicyNodes)
+		}
+		return nil
+	}
+	var walk func(v any, data bool, depth int) error
+	walk = func(v any, data bool, depth int) error {
 		switch x := v.(type) {
 		case map[string]any:
-			if *nodes++; *nodes > MaxPolicyNodes {
-				return fmt.Errorf("the policy's schemas have over %d objects and arrays; simplify them", MaxPolicyNodes)
+			if err := count(depth); err != nil {
+				return err
 			}
 			for k, sub := range x {
 				if !data {
@@ -284,23 +302,23 @@ func scanSchema(doc any, nodes *int) error {
 					}
 				}
 				isData := data || k == "const" || k == "enum" || k == "default" || k == "examples"
-				if err := walk(sub, isData); err != nil {
+				if err := walk(sub, isData, depth+1); err != nil {
 					return err
 				}
 			}
 		case []any:
-			if *nodes++; *nodes > MaxPolicyNodes {
-				return fmt.Errorf("the policy's schemas have over %d objects and arrays; simplify them", MaxPolicyNodes)
+			if err := count(depth); err != nil {
+				return err
 			}
 			for _, sub := range x {
-				if err := walk(sub, data); err != nil {
+				if err := walk(sub, data, depth+1); err != nil {
 					return err
 				}
 			}
 		}
 		return nil
 	}
-	return walk(doc, false)
+	return walk(doc, false, 1)
 }
 
 // Discriminant returns the msg field that names the variant ("type" unless
