@@ -74,6 +74,7 @@ export const LIMITS = Object.freeze({
 const STORAGE_KEY = 'lapd:session'
 const OUTBOX_KEY = 'lapd:outbox'
 const IDEM_KEY = 'lapd:idem'
+const ANSWERED_KEY = 'lapd:answered'
 
 // ───────────────────────────── JSON Pointer ─────────────────────────────
 
@@ -750,7 +751,12 @@ export function createAgent(opts) {
   const watches = new Map() // id → {path, last}
   let outbox = loadOutbox()
   const idem = loadIdem() // idempotencyKey → {until, result?, running?}
-  const answered = new Set() // confirmIds answered here (bounded): a late confirm-sync must not re-show them
+  // Approvals answered here: confirmId → the confirm-resolved frame
+  // (bounded, kept across a reload). A confirm-sync that still lists one is
+  // answered again instead of shown again: the first answer may have been
+  // lost with the socket or a server restart, and the human must not be
+  // asked (and the action run) twice.
+  const answered = loadAnswered()
   let ui = null
 
   // ── events ──
@@ -780,13 +786,32 @@ export function createAgent(opts) {
   function clearSession() {
     session = null
     outbox = []
-    try { storage && storage.removeItem(STORAGE_KEY); storage && storage.removeItem(OUTBOX_KEY); storage && storage.removeItem(IDEM_KEY) } catch { /* ignore */ }
+    try { for (const k of [STORAGE_KEY, OUTBOX_KEY, IDEM_KEY, ANSWERED_KEY]) storage && storage.removeItem(k) } catch { /* ignore */ }
     idem.clear()
+    answered.clear()
   }
   function loadOutbox() {
     try { const o = storage && JSON.parse(storage.getItem(OUTBOX_KEY) || '[]'); return Array.isArray(o) ? o.slice(0, LIMITS.outbox) : [] } catch { return [] }
   }
   function saveOutbox() { try { storage && storage.setItem(OUTBOX_KEY, JSON.stringify(outbox)) } catch { /* ignore */ } }
+  function loadAnswered() {
+    const m = new Map()
+    try {
+      const o = storage && JSON.parse(storage.getItem(ANSWERED_KEY) || '[]')
+      if (Array.isArray(o)) for (const f of o.slice(-LIMITS.outbox)) if (f && f.t === 'confirm-resolved' && typeof f.confirmId === 'string') m.set(f.confirmId, f)
+    } catch { /* corrupt: ignore */ }
+    return m
+  }
+  function saveAnswered() {
+    const out = []
+    for (const f of answered.values()) {
+      let s = ''
+      try { s = JSON.stringify(f) } catch { /* unserialisable state */ }
+      // a big stateAfter is not kept across a reload; the answer itself is
+      out.push(s && s.length <= LIMITS.idempotencyStoredResult ? f : { t: f.t, confirmId: f.confirmId, outcome: f.outcome })
+    }
+    try { storage && storage.setItem(ANSWERED_KEY, JSON.stringify(out)) } catch { /* quota */ }
+  }
   // send_message idempotency keys outlive a reload (sessionStorage), each for
   // the ttl the server sent, so a retried call is never dispatched twice.
   function loadIdem() {
@@ -860,8 +885,10 @@ export function createAgent(opts) {
   }
   function sendOrQueue(frame) {
     if (frame.t === 'confirm-resolved') {
-      answered.add(frame.confirmId)
-      if (answered.size > LIMITS.outbox) answered.delete(answered.values().next().value)
+      answered.delete(frame.confirmId)
+      answered.set(frame.confirmId, frame)
+      while (answered.size > LIMITS.outbox) answered.delete(answered.keys().next().value)
+      saveAnswered()
     }
     if (send(frame)) return
     if (outbox.length >= LIMITS.outbox) outbox.shift()
@@ -1392,10 +1419,14 @@ export function createAgent(opts) {
 
   function syncConfirms(pending) {
     if (!Array.isArray(pending)) return
-    for (const f of outbox) if (f.t === 'confirm-resolved') answered.add(f.confirmId)
     let changed = false
     for (const p of pending.slice(0, LIMITS.pendingConfirms)) {
-      if (!p || typeof p.confirmId !== 'string' || confirms.has(p.confirmId) || answered.has(p.confirmId)) continue
+      if (!p || typeof p.confirmId !== 'string' || confirms.has(p.confirmId)) continue
+      if (answered.has(p.confirmId)) {
+        // answered here, still pending there: the answer was lost on the way
+        if (!outbox.some((f) => f.t === 'confirm-resolved' && f.confirmId === p.confirmId)) sendOrQueue(answered.get(p.confirmId))
+        continue
+      }
       const a = actions && typeof p.variant === 'string' && own(actions, p.variant) ? actions[p.variant] : null
       const c = {
         id: p.confirmId, variant: p.variant, payload: p.payload ?? {}, intent: p.intent || (a && a.intent) || p.variant,

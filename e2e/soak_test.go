@@ -297,8 +297,9 @@ func (tb *simTab) dial(ctx context.Context) error {
 
 var errRevoked = errors.New("revoked")
 
-// answeredDown counts approvals answered while the tab's socket was down.
-var answeredDown atomic.Int64
+// answeredDown counts approvals answered while the tab's socket was down;
+// resent, answers sent again because a confirm-sync still listed them.
+var answeredDown, resent atomic.Int64
 
 func (tb *simTab) write(c *websocket.Conn, v any) error {
 	b, _ := json.Marshal(v)
@@ -357,13 +358,22 @@ func (tb *simTab) read(c *websocket.Conn, gen int) {
 			tb.wg.Add(1)
 			go func() { defer tb.wg.Done(); tb.answer(c, f.ID, f.Tool, f.Args) }()
 		case "confirm-sync":
+			// Like lapd.js: an approval answered here but still pending
+			// there is answered again (the answer was lost on the way).
+			var again []map[string]any
 			tb.mu.Lock()
 			for _, p := range f.Pending {
-				if _, done := tb.decided[p.ConfirmID]; !done {
+				if outcome, done := tb.decided[p.ConfirmID]; done {
+					again = append(again, map[string]any{"t": "confirm-resolved", "confirmId": p.ConfirmID, "outcome": outcome})
+				} else {
 					tb.pending[p.ConfirmID] = true
 				}
 			}
 			tb.mu.Unlock()
+			for _, f := range again {
+				resent.Add(1)
+				tb.send(f)
+			}
 		case "confirm-expire":
 			tb.mu.Lock()
 			delete(tb.pending, f.ConfirmID)
@@ -384,6 +394,9 @@ func (tb *simTab) answer(c *websocket.Conn, id, tool string, args json.RawMessag
 	rb, _ := json.Marshal(result)
 	frame := []byte(`{"t":"rpc-reply","id":` + strconv.Quote(id) + `,"result":`)
 	frame = append(append(frame, rb...), '}')
+	if result == nil {
+		frame = []byte(`{"t":"rpc-error","id":` + strconv.Quote(id) + `,"code":"outcome-unknown","detail":"already dispatched, result not kept; observe before retrying"}`)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if c.Write(ctx, websocket.MessageText, frame) == nil {
@@ -397,7 +410,9 @@ func (tb *simTab) countNow() int {
 	return tb.count
 }
 
-func (tb *simTab) sendMessage(args json.RawMessage) json.RawMessage {
+// sendMessage answers like lapd.js: once per idempotencyKey; a repeat gets
+// the first result when it was kept (≤ 256 KiB), else nil (outcome-unknown).
+func (tb *simTab) sendMessage(args json.RawMessage) any {
 	var a struct {
 		Msg struct {
 			Type string `json:"type"`
@@ -409,6 +424,9 @@ func (tb *simTab) sendMessage(args json.RawMessage) json.RawMessage {
 	defer tb.mu.Unlock()
 	if a.Key != "" {
 		if r, ok := tb.idem[a.Key]; ok {
+			if r == nil {
+				return nil
+			}
 			return r // one dispatch per key, like lapd.js
 		}
 	}
@@ -430,7 +448,11 @@ func (tb *simTab) sendMessage(args json.RawMessage) json.RawMessage {
 		r = json.RawMessage(`{"status":"rejected","reason":"invalid","detail":"unknown"}`)
 	}
 	if a.Key != "" {
-		tb.idem[a.Key] = r
+		if len(r) <= 256<<10 {
+			tb.idem[a.Key] = r
+		} else {
+			tb.idem[a.Key] = nil
+		}
 	}
 	return r
 }
@@ -781,9 +803,18 @@ func TestSoak(t *testing.T) {
 				continue // never answered (expired or still pending)
 			}
 			checked++
-			status, b := a.call("/confirm-result", map[string]any{"confirmId": id, "timeoutMs": 2000}, 20*time.Second)
+			// A model polls get_confirm_result until it has the answer.
+			var status int
+			var b []byte
 			var r struct{ Status, Reason string }
-			_ = json.Unmarshal(b, &r)
+			for range 3 {
+				status, b = a.call("/confirm-result", map[string]any{"confirmId": id, "timeoutMs": 5000}, 20*time.Second)
+				r.Status, r.Reason = "", ""
+				_ = json.Unmarshal(b, &r)
+				if r.Status != "still-pending" {
+					break
+				}
+			}
 			got := r.Status
 			if got == "rejected" {
 				got = r.Reason
@@ -853,7 +884,7 @@ func TestSoak(t *testing.T) {
 	t.Logf("soak: %s, %d tabs, %d agents, 2 hostile tabs (%d junk frames sent)", dur, nTabs, len(agents), junkSent.Load())
 	t.Logf("calls: %d started, %d ended, %d retried requests; outcomes %v", calls, ends, retries, byStatus)
 	t.Logf("faults injected: %v (server restarts %d)", faults, srv.restarts.Load())
-	t.Logf("approvals answered by the human and read back: %d (answered while the socket was down: %d), lost: %d", checked, answeredDown.Load(), lost)
+	t.Logf("approvals answered by the human and read back: %d (answered while the socket was down: %d, answered again after a confirm-sync: %d), lost: %d", checked, answeredDown.Load(), resent.Load(), lost)
 	t.Logf("dispatches doubled: %d; outcome-unknown answers: %d", doubled, unknown)
 	t.Logf("max RSS of lapd serve: %.0f MiB (--max-kept-mib %d); goroutines: fresh %d, after the soak %d", rssMiB, soakKeptMiB, baseline, final)
 	if calls != ends {

@@ -297,6 +297,29 @@ test('confirm: propose, approve while down is queued and sent after reconnect', 
   agent.destroy()
 })
 
+test('confirm-sync of an approval answered here re-sends the answer (lost with the socket), also after a reload', async () => {
+  const storage = memStorage()
+  let clears = 0
+  const actions = { clearAll: { intent: 'Delete every task', requiresConfirm: true, handler: () => { clears++ } } }
+  const env = await connected({ storage, actions })
+  const r = await rpc(env.ws, 'send_message', { msg: { type: 'clearAll' } })
+  const id = r.reply.result.confirmId
+  assert.equal(await env.agent.approve(id), true)
+  assert.equal(env.ws.frames('confirm-resolved').length, 1)
+  // the server restarted before it read the answer: its confirm-sync still lists the approval
+  env.ws.frame({ t: 'confirm-sync', pending: [{ confirmId: id, variant: 'clearAll', payload: {} }] })
+  assert.deepEqual(env.agent.pendingConfirms(), [], 'not shown again')
+  assert.deepEqual(env.ws.frames('confirm-resolved').map((f) => [f.confirmId, f.outcome]), [[id, 'confirmed'], [id, 'confirmed']])
+  env.agent.destroy()
+  // a reload: the answer is remembered in sessionStorage
+  const env2 = await connected({ storage, actions })
+  env2.ws.frame({ t: 'confirm-sync', pending: [{ confirmId: id, variant: 'clearAll', payload: {} }] })
+  assert.deepEqual(env2.agent.pendingConfirms(), [])
+  assert.deepEqual(env2.ws.frames('confirm-resolved').map((f) => [f.confirmId, f.outcome]), [[id, 'confirmed']])
+  assert.equal(clears, 1, 'the action ran once')
+  env2.agent.destroy()
+})
+
 test('confirm: reject, confirm-expire, confirm-sync', async () => {
   const { agent, ws } = await connected()
   let r = await rpc(ws, 'send_message', { msg: { type: 'clearAll' } })
