@@ -48,6 +48,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/lapd-dev/lapd/confirm"
 )
 
 func envInt(name string, def int) int {
@@ -242,7 +244,8 @@ type simTab struct {
 	dispatches map[string]int             // key → times the app ran it
 	pending    map[string]bool            // approvals on screen
 	decided    map[string]string          // confirmId → the human's answer
-	outbox     []map[string]any           // confirm-resolved while down
+	decidedAt  map[string]time.Time
+	outbox     []map[string]any // confirm-resolved while down
 	revoked    bool
 	reconnects int
 
@@ -254,7 +257,7 @@ const soakPolicy = `{"variants":{"inc":{"intent":"Increment"},"clearAll":{"inten
 
 func newSimTab(srv *soakServer, token, tid string) *simTab {
 	return &simTab{srv: srv, token: token, tid: tid, policy: json.RawMessage(soakPolicy),
-		idem: map[string]json.RawMessage{}, dispatches: map[string]int{}, pending: map[string]bool{}, decided: map[string]string{}}
+		idem: map[string]json.RawMessage{}, dispatches: map[string]int{}, pending: map[string]bool{}, decided: map[string]string{}, decidedAt: map[string]time.Time{}}
 }
 
 // dial opens a socket (superseding any open one) and serves it.
@@ -475,6 +478,7 @@ func (tb *simTab) human() {
 		outcome = "user-cancelled"
 	}
 	tb.decided[id] = outcome
+	tb.decidedAt[id] = time.Now()
 	tb.mu.Unlock()
 	f := map[string]any{"t": "confirm-resolved", "confirmId": id, "outcome": outcome}
 	if outcome == "confirmed" {
@@ -540,6 +544,52 @@ type simAgent struct {
 	outcomes       []outcome
 	proposals      []string // confirmIds this agent saw proposed
 	retries        int
+
+	verified map[string]bool // proposals whose answer was read back
+	checked  int
+	agedOut  int      // answers read back after the keep window (forgotten by design)
+	lost     []string // answers read back wrong
+}
+
+// verify reads back one approval the human answered; final reports
+// whether the answer (or its absence) is settled.
+func (a *simAgent) verify(id, want string, at time.Time, timeoutMs int) (final bool) {
+	status, b := a.call("/confirm-result", map[string]any{"confirmId": id, "timeoutMs": timeoutMs}, 20*time.Second)
+	var r struct{ Status, Reason string }
+	_ = json.Unmarshal(b, &r)
+	got := r.Status
+	if got == "rejected" {
+		got = r.Reason
+	}
+	switch {
+	case status == 200 && got == "still-pending":
+		return false
+	case status == 400 && time.Since(at) > confirm.DefaultKeep-10*time.Second:
+		a.agedOut++ // read back after the 5-minute keep window: forgotten by design
+	case status != 200 || got != want:
+		a.lost = append(a.lost, fmt.Sprintf("%s: human %s %.0fs ago, agent reads %d %.100s", id, want, time.Since(at).Seconds(), status, b))
+	}
+	a.checked++
+	a.verified[id] = true
+	return true
+}
+
+// verifySome reads back the answer of one of this agent's approvals the
+// human answered, as a model polling get_confirm_result would.
+func (a *simAgent) verifySome() {
+	a.tab.mu.Lock()
+	var id, want string
+	var at time.Time
+	for _, p := range a.proposals {
+		if w, ok := a.tab.decided[p]; ok && !a.verified[p] {
+			id, want, at = p, w, a.tab.decidedAt[p]
+			break
+		}
+	}
+	a.tab.mu.Unlock()
+	if id != "" {
+		a.verify(id, want, at, 0)
+	}
 }
 
 // call is one logical LAP call with the MCP executor's retry rules: 503
@@ -611,6 +661,8 @@ func (a *simAgent) run(ctx context.Context) {
 			a.message("inc")
 		case n < 8:
 			a.message("clearAll")
+		case n < 9:
+			a.verifySome()
 		default:
 			a.started.Add(1)
 			status, b := a.call("/observe", map[string]any{}, 20*time.Second)
@@ -680,7 +732,7 @@ func TestSoak(t *testing.T) {
 		}
 		tabs = append(tabs, tb)
 		for range 2 {
-			agents = append(agents, &simAgent{srv: srv, tab: tb, token: token})
+			agents = append(agents, &simAgent{srv: srv, tab: tb, token: token, verified: map[string]bool{}})
 		}
 	}
 	tabCtx, stopTabs := context.WithCancel(ctx)
@@ -783,47 +835,42 @@ func TestSoak(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	// Read back every approval the agents saw proposed.
-	lost, checked := 0, 0
-	var lostDetail []string
+	// Read back every approval the agents saw proposed and the human
+	// answered, not yet read back during the run.
 	for _, a := range agents {
 		a.tab.mu.Lock()
 		revoked := a.tab.revoked
-		decided := map[string]string{}
-		for k, v := range a.tab.decided {
-			decided[k] = v
-		}
 		a.tab.mu.Unlock()
 		if revoked {
 			continue
 		}
 		for _, id := range a.proposals {
-			want, ok := decided[id]
-			if !ok {
-				continue // never answered (expired or still pending)
+			a.tab.mu.Lock()
+			want, ok := a.tab.decided[id]
+			at := a.tab.decidedAt[id]
+			a.tab.mu.Unlock()
+			if !ok || a.verified[id] {
+				continue // never answered (expired or still pending), or already read back
 			}
-			checked++
-			// A model polls get_confirm_result until it has the answer.
-			var status int
-			var b []byte
-			var r struct{ Status, Reason string }
-			for range 3 {
-				status, b = a.call("/confirm-result", map[string]any{"confirmId": id, "timeoutMs": 5000}, 20*time.Second)
-				r.Status, r.Reason = "", ""
-				_ = json.Unmarshal(b, &r)
-				if r.Status != "still-pending" {
+			for range 3 { // a model polls until it has the answer
+				if a.verify(id, want, at, 5000) {
 					break
 				}
 			}
-			got := r.Status
-			if got == "rejected" {
-				got = r.Reason
+			if !a.verified[id] {
+				a.lost = append(a.lost, id+": still pending after the human answered")
 			}
-			if status != 200 || got != want {
-				lost++
-				if len(lostDetail) < 10 {
-					lostDetail = append(lostDetail, fmt.Sprintf("%s: human %s, agent reads %d %.100s", id, want, status, b))
-				}
+		}
+	}
+	lost, checked, agedOut := 0, 0, 0
+	var lostDetail []string
+	for _, a := range agents {
+		checked += a.checked
+		agedOut += a.agedOut
+		lost += len(a.lost)
+		for _, d := range a.lost {
+			if len(lostDetail) < 10 {
+				lostDetail = append(lostDetail, d)
 			}
 		}
 	}
@@ -884,7 +931,7 @@ func TestSoak(t *testing.T) {
 	t.Logf("soak: %s, %d tabs, %d agents, 2 hostile tabs (%d junk frames sent)", dur, nTabs, len(agents), junkSent.Load())
 	t.Logf("calls: %d started, %d ended, %d retried requests; outcomes %v", calls, ends, retries, byStatus)
 	t.Logf("faults injected: %v (server restarts %d)", faults, srv.restarts.Load())
-	t.Logf("approvals answered by the human and read back: %d (answered while the socket was down: %d, answered again after a confirm-sync: %d), lost: %d", checked, answeredDown.Load(), resent.Load(), lost)
+	t.Logf("approvals answered by the human and read back: %d (answered while the socket was down: %d, answered again after a confirm-sync: %d), lost: %d, read back after the 5-minute keep window: %d", checked, answeredDown.Load(), resent.Load(), lost, agedOut)
 	t.Logf("dispatches doubled: %d; outcome-unknown answers: %d", doubled, unknown)
 	t.Logf("max RSS of lapd serve: %.0f MiB (--max-kept-mib %d); goroutines: fresh %d, after the soak %d", rssMiB, soakKeptMiB, baseline, final)
 	if calls != ends {
