@@ -739,6 +739,14 @@ func (m *Manager) Wait(ctx context.Context, tid, confirmID string) (Resolution, 
 		return Resolution{}, ErrUnknown
 	}
 	select {
+	case <-e.done: // an answer already there wins over a ctx already done
+		if e.resolved {
+			return e.res, nil
+		}
+		return Resolution{}, e.err
+	default:
+	}
+	select {
 	case <-e.done:
 		if e.resolved {
 			return e.res, nil

@@ -681,3 +681,20 @@ func TestReproposeAfterKeepWindow(t *testing.T) {
 		}
 	})
 }
+
+// An answer already there is returned even when ctx is already done: a
+// /confirm-result with timeoutMs 0 used to race the two and answer 200 null
+// (the soak read back hundreds of answered approvals that way).
+func TestWaitAnsweredWithDoneContext(t *testing.T) {
+	t.Parallel()
+	m := newManager(t, Config{})
+	m.Propose(t.Context(), prop("t", "c"))
+	m.Resolve(t.Context(), "t", "c", confirmed)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for range 200 {
+		if r, err := m.Wait(ctx, "t", "c"); err != nil || r.Status != StatusConfirmed {
+			t.Fatalf("Wait = %+v, %v", r, err)
+		}
+	}
+}

@@ -386,3 +386,31 @@ func TestReusedConfirmID(t *testing.T) {
 		t.Errorf("pending = %+v, want the first approval only", p)
 	}
 }
+
+// /confirm-result with timeoutMs 0 on an answered approval answers it, never
+// 200 null (the two waits inside raced an expired context).
+func TestConfirmResultTimeoutZero(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, tid, tab := e.paired(lapdtest.WithPolicy(lapdtest.DemoPolicy()))
+	r := e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":0}`)
+	id, _ := r.json(t)["confirmId"].(string)
+	if id == "" {
+		t.Fatalf("/message: %d %s", r.status, r.body)
+	}
+	if err := tab.Approve(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if p := e.cm.PendingFor(tid); len(p) == 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for range 20 { // within the per-session rate (30)
+		r := e.lapCall(token, "/confirm-result", `{"confirmId":"`+id+`","timeoutMs":0}`)
+		if r.status != 200 || !strings.Contains(string(r.body), `"status":"confirmed"`) {
+			t.Fatalf("/confirm-result: %d %s", r.status, r.body)
+		}
+	}
+}

@@ -212,7 +212,10 @@ func routeConfirmResult(c *call) (any, *apiError) {
 		}
 		return json.RawMessage(`{"status":"still-pending"}`), nil
 	}
-	body, _ := c.awaitConfirm(id, "", wait)
+	body, done := c.awaitConfirm(id, "", wait)
+	if !done {
+		return json.RawMessage(`{"status":"still-pending"}`), nil
+	}
 	return body, nil
 }
 
