@@ -202,7 +202,7 @@ func BenchmarkCheckAtBudget(b *testing.B) {
 // costliest shapes found (the compiler is superlinear in one schema's size
 // and depth).
 func BenchmarkParseAtLimit(b *testing.B) {
-	flat := `{"allOf":[` + strings.Repeat(`{},`, MaxVariantNodes-2) + `{}]}`
+	flat := `{"allOf":[` + strings.Repeat(`{},`, MaxVariantNodes-3) + `{}]}`
 	nested := strings.Repeat(`{"not":`, MaxSchemaDepth-1) + `{}` + strings.Repeat(`}`, MaxSchemaDepth-1)
 	props := strings.Repeat(`{"properties":{"a":`, MaxSchemaDepth/2-1) + `{}` + strings.Repeat(`}}`, MaxSchemaDepth/2-1)
 	for _, tc := range []struct {
