@@ -58,6 +58,14 @@ const (
 	EventDisconnect     = "disconnect"      // a tab's socket closed: detail {reason}
 )
 
+// Events lists every event name above, in that order (for validating a
+// filter, e.g. `lapd audit --event`).
+func Events() []string {
+	return []string{EventMint, EventClaim, EventRevoke, EventLapCall, EventMsgDispatched, EventMsgBlocked,
+		EventConfirmProposed, EventConfirmApproved, EventConfirmRejected, EventRateLimited, EventAuthFailed,
+		EventResume, EventRefused, EventConfirmExpired, EventDisconnect}
+}
+
 // Entry is one audit record. Wire shape: {at(ms), tid|null, uid|null, event, detail}.
 type Entry struct {
 	At     int64          `json:"at"`

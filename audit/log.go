@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -174,17 +175,19 @@ func sanitizeString(s string) string {
 
 // Filter selects entries for Query. Zero fields match everything.
 type Filter struct {
-	TID   string
-	Event string
-	Since int64 // ms, inclusive
-	Until int64 // ms, exclusive; 0 = no bound
-	Limit int   // 0 = no limit; the newest Limit entries, oldest first
+	TID    string
+	Event  string
+	Events []string // when not empty, only entries whose event is one of these (and Event, if set)
+	Since  int64    // ms, inclusive
+	Until  int64    // ms, exclusive; 0 = no bound
+	Limit  int      // 0 = no limit; the newest Limit entries, oldest first
 }
 
 // match reports whether e passes f's field filters (not Limit).
 func (f Filter) match(e Entry) bool {
 	return (f.TID == "" || e.TID == f.TID) &&
 		(f.Event == "" || e.Event == f.Event) &&
+		(len(f.Events) == 0 || slices.Contains(f.Events, e.Event)) &&
 		e.At >= f.Since &&
 		(f.Until == 0 || e.At < f.Until)
 }

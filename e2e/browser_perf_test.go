@@ -29,7 +29,7 @@ func TestBrowserPerf(t *testing.T) {
 	tab.waitStatus("idle", 10*time.Second)
 	tab.click(browserTestID("connect"))
 	tab.waitStatus("pending-claude", 10*time.Second)
-	line := tab.evalString(browserTestID("connect-line") + `.textContent`)
+	line := tab.evalString(browserTestID("connect-line") + `.value`)
 
 	const n = 50
 	tasks := 3

@@ -34,7 +34,7 @@ func browserChain(t *testing.T, transport string) {
 	tab.waitStatus("idle", 10*time.Second)
 	tab.click(browserTestID("connect"))
 	tab.waitStatus("pending-claude", 10*time.Second)
-	line := tab.evalString(browserTestID("connect-line") + `.textContent`)
+	line := tab.evalString(browserTestID("connect-line") + `.value`)
 	prefix := "Connect to my app with lapd: connect_session url=" + srv.URL + "/agent/lap/v1 token=agt_"
 	if !strings.HasPrefix(line, prefix) {
 		t.Fatalf("connect line %q, want prefix %q", line, prefix)

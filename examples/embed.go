@@ -30,7 +30,7 @@ import (
 	"github.com/lapd-dev/lapd/internal/static"
 )
 
-//go:embed taskboard/index.html taskboard/app.js taskboard/style.css
+//go:embed taskboard/index.html taskboard/app.js taskboard/style.css taskboard/favicon.svg
 var taskboard embed.FS
 
 // SaveDelay is how long SaveHandler takes to answer.
@@ -52,13 +52,15 @@ var files = func() map[string]static.File {
 	add("/index.html", "index.html", "text/html; charset=utf-8")
 	add("/app.js", "app.js", "text/javascript; charset=utf-8")
 	add("/style.css", "style.css", "text/css; charset=utf-8")
+	add("/favicon.svg", "favicon.svg", "image/svg+xml")
+	add("/favicon.ico", "favicon.svg", "image/svg+xml") // browsers ask for it whatever the page links
 	return m
 }()
 
 // Handler serves the Taskboard page at / (and /index.html, /app.js,
-// /style.css) for GET and HEAD, with a strong ETag (SHA-256), Cache-Control:
-// no-cache and 304 on If-None-Match. The page loads /agent/client.js, which
-// the client package serves.
+// /style.css, /favicon.svg, /favicon.ico) for GET and HEAD, with a strong
+// ETag (SHA-256), Cache-Control: no-cache and 304 on If-None-Match. The page
+// loads /agent/client.js, which the client package serves.
 func Handler() http.Handler { return static.Handler(files) }
 
 // SaveHandler is the demo's POST /demo/save: it stores the JSON board it is

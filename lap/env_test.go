@@ -50,11 +50,12 @@ func (s *memSink) events(name string) []audit.Entry {
 }
 
 type envCfg struct {
-	lap    lap.Config
-	pair   pairing.Config
-	tok    tokens.Config
-	conf   confirm.Config
-	noAnon bool
+	lap       lap.Config
+	pair      pairing.Config
+	tok       tokens.Config
+	conf      confirm.Config
+	noAnon    bool
+	wrapStore func(tokens.Store) tokens.Store // optional: wraps the memory token store
 }
 
 // env is a real lapd stack on a loopback httptest server.
@@ -79,6 +80,9 @@ func newEnvTB(t testing.TB, mods ...func(*envCfg)) *env {
 	e := &env{t: t, sink: &memSink{}}
 	al := audit.New(audit.Config{Sinks: []audit.Sink{e.sink}})
 	c.tok.Store = tokens.NewMemoryStore()
+	if c.wrapStore != nil {
+		c.tok.Store = c.wrapStore(c.tok.Store)
+	}
 	tm, err := tokens.NewManager(c.tok)
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -77,7 +78,7 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 	switch {
 	case errors.Is(err, tokens.ErrRevoked):
 		c.tid = rec.TID
-		return nil, errf(http.StatusForbidden, CodeRevoked, "")
+		return nil, errf(http.StatusForbidden, CodeRevoked, detailRevoked)
 	case errors.Is(err, tokens.ErrMalformed), errors.Is(err, tokens.ErrUnknown), errors.Is(err, tokens.ErrExpired), errors.Is(err, tokens.ErrNotFound):
 		return nil, errf(http.StatusUnauthorized, CodeAuthFailed, "")
 	case err != nil:
@@ -91,7 +92,7 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 	// 3. re-read by tid
 	rec, err = s.cfg.Tokens.Get(c.ctx, c.tid)
 	if err != nil || rec.Status == tokens.StatusRevoked {
-		return nil, errf(http.StatusForbidden, CodeRevoked, "")
+		return nil, errf(http.StatusForbidden, CodeRevoked, detailRevoked)
 	}
 	c.rec = rec
 	// 4. paired?
@@ -180,15 +181,27 @@ func trimSpace(b []byte) []byte {
 	return b[i:j]
 }
 
+// Details of the refusals a model most often meets. A reference bridge shows
+// the model only code and detail (not X-LLui-Reconnect or Retry-After), so
+// each says what to do and when, in one sentence.
+const (
+	askNewLine      = `ask the user for a new connect line from the app's "Connect an AI" panel and call connect_session with it`
+	detailRevoked   = "the user revoked this session in the app; " + askNewLine + " if they want to continue"
+	detailExpired   = "the app tab did not come back within the grace window, so this session expired; " + askNewLine
+	detailGone      = "this session no longer exists; " + askNewLine
+	detailNotPaired = "the app tab is not connected (it was never opened with this token, or it is closed); retry in %d s, and if it keeps failing ask the user to open the app tab and keep it open"
+	detailResuming  = "the app tab disconnected (a reload or a network drop) and may reconnect within %d s; retry in a few seconds, and if it keeps failing ask the user to reopen the app tab"
+)
+
 // paused builds the 503 paused response from tid's record.
 func (s *Server) paused(ctx context.Context, tid string) *apiError {
 	e := &apiError{status: http.StatusServiceUnavailable, code: CodePaused}
 	rec, err := s.cfg.Tokens.Get(context.WithoutCancel(ctx), tid)
 	switch {
 	case err != nil:
-		e.reconnect = "unknown"
+		e.reconnect, e.detail = "unknown", detailGone
 	case rec.Status == tokens.StatusRevoked:
-		e.reconnect = "revoked"
+		e.reconnect, e.detail = "revoked", detailRevoked
 	case rec.Status == tokens.StatusPendingResume:
 		now := s.cfg.Tokens.Now()
 		if rec.PendingResumeUntil > now {
@@ -197,12 +210,14 @@ func (s *Server) paused(ctx context.Context, tid string) *apiError {
 			if e.retryAfterS < 1 {
 				e.retryAfterS = 1
 			}
+			e.detail = fmt.Sprintf(detailResuming, e.retryAfterS)
 		} else {
-			e.reconnect = "expired"
+			e.reconnect, e.detail = "expired", detailExpired
 		}
 	default:
 		e.reconnect = "pending"
 		e.retryAfterS = 5
+		e.detail = fmt.Sprintf(detailNotPaired, e.retryAfterS)
 	}
 	return e
 }

@@ -26,6 +26,7 @@ func TestServerSidePolicy(t *testing.T) {
 		{"/message", `{"msg":{"type":"addTodo","title":"x","extra":1}}`, "schema-error"},
 		{"/would-dispatch", `{"msg":{"type":"reset"}}`, "human-only"},
 		{"/would-dispatch", `{"msg":{"type":"nope"}}`, "invalid"},
+		{"/would-dispatch", `{"msg":{"type":"addTodo","title":""}}`, "schema-mismatch"},
 	}
 	for _, tc := range tests {
 		r := e.lapCall(token, tc.route, tc.body)
@@ -39,6 +40,39 @@ func TestServerSidePolicy(t *testing.T) {
 	}
 	if n := len(e.sink.events(audit.EventMsgBlocked)); n != len(tests) {
 		t.Errorf("msg-blocked audited %d times, want %d", n, len(tests))
+	}
+	// The /message refusals are "blocked" entries in /recent-actions, newest
+	// first, as the tab's own refusals are; a prediction refused is not an action.
+	var ra struct {
+		Entries []struct{ Kind, Variant, Intent, Detail string }
+	}
+	if err := json.Unmarshal(e.lapCall(token, "/recent-actions", `{"kind":"blocked"}`).body, &ra); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, en := range ra.Entries {
+		got = append(got, en.Variant+"|"+strings.SplitN(en.Detail, ":", 2)[0])
+	}
+	if want := "addTodo|schema-error addTodo|schema-error launchMissiles|invalid reset|human-only"; strings.Join(got, " ") != want {
+		t.Errorf("recent-actions blocked: %s, want %s", got, want)
+	}
+	if len(ra.Entries) == 4 && (ra.Entries[3].Intent != "Reset (humans only)" || !strings.Contains(ra.Entries[3].Detail, "ask them")) {
+		t.Errorf("blocked reset entry: %+v", ra.Entries[3])
+	}
+	// The tab is told, to show them in its feed (log-show is not echoed).
+	for i := 0; i < 4; i++ {
+		f, err := tab.WaitFor(ctxT(t), "log-show")
+		if err != nil || !strings.Contains(string(f.Raw), `"kind":"blocked"`) {
+			t.Fatalf("log-show %d: %s %v", i, f.Raw, err)
+		}
+	}
+	// /would-dispatch answers a schema failure in the reference runtime's
+	// shape: reason schema-mismatch, errors [{path, code, message}].
+	wd := e.lapCall(token, "/would-dispatch", `{"msg":{"type":"addTodo","title":"","extra":1}}`).body
+	if b := string(wd); !strings.Contains(b, `"reason":"schema-mismatch"`) ||
+		!strings.Contains(b, `{"path":"extra","code":"unexpected-field","message":"property is not allowed","pointer":"/extra"}`) ||
+		!strings.Contains(b, `{"path":"title","code":"validates-failed"`) {
+		t.Errorf("would-dispatch schema failure: %s", b)
 	}
 	r := e.lapCall(token, "/message", `{"msg":{"type":"addTodo","title":"milk"}}`)
 	if !strings.Contains(string(r.body), `"dispatched"`) || tab.RPCCount("send_message") != 1 {

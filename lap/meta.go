@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/lapd-dev/lapd/audit"
@@ -230,7 +231,10 @@ func (s *Server) revoke(m *metaCall) (any, *apiError) {
 	}
 	if err := s.revokeAs(m.ctx, tid, m.uid); err != nil {
 		if errors.Is(err, tokens.ErrForbidden) || errors.Is(err, tokens.ErrNotFound) {
-			return nil, errf(http.StatusForbidden, CodeRevoked, "")
+			// Unknown and someone else's answer alike, so a tid's existence
+			// is not revealed. (The reference answers 403 revoked, which
+			// reads like success although nothing was revoked.)
+			return nil, errf(http.StatusNotFound, CodeNotFound, "no session "+quoteTID(tid)+" that you may revoke: nothing was revoked; pass the tid from the mint response (GET /agent/sessions lists yours)")
 		}
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "revoke failed")
 	}
@@ -266,6 +270,14 @@ func (s *Server) revokeAs(ctx context.Context, tid, uid string) error {
 	s.descs.drop(tid)
 	s.audit(ctx, tid, uid, audit.EventRevoke, map[string]any{})
 	return nil
+}
+
+// quoteTID quotes a caller-supplied tid for an error detail, cut to 100 bytes.
+func quoteTID(tid string) string {
+	if len(tid) > 100 {
+		tid = tid[:100] + "…"
+	}
+	return strconv.Quote(tid)
 }
 
 func (s *Server) sessions(m *metaCall) (any, *apiError) {

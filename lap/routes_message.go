@@ -86,6 +86,7 @@ func (c *call) message(b messageBody, variant string, payload json.RawMessage, r
 		return nil, ae
 	}
 	if rej != nil {
+		c.recordBlocked(variant, pol, rej)
 		return rej, nil
 	}
 	wait := timeoutMs(b.TimeoutMs, 5*time.Second)
@@ -204,7 +205,7 @@ func routeConfirmResult(c *call) (any, *apiError) {
 	defer cancel()
 	_, err := c.s.cfg.Confirm.Wait(ctx, c.tid, id)
 	if errors.Is(err, confirm.ErrUnknown) {
-		return nil, errf(http.StatusBadRequest, CodeInvalid, "unknown confirmId "+id+" for this session (it was never proposed, or its outcome is older than the keep window)")
+		return nil, errf(http.StatusBadRequest, CodeInvalid, "unknown confirmId "+id+" for this session (it was never proposed here, or its outcome is older than the keep window, 5 minutes by default): call observe to see the current state, and send_message again if the action is still wanted")
 	}
 	if err != nil {
 		if c.ctx.Err() != nil {
@@ -234,7 +235,7 @@ func routeWouldDispatch(c *call) (any, *apiError) {
 		return nil, ae
 	}
 	if rej != nil {
-		return rej, nil
+		return wouldDispatchRejection(rej, b.Msg), nil
 	}
 	args, _ := json.Marshal(map[string]json.RawMessage{"msg": b.Msg})
 	res, ae := c.rpc("would_dispatch", json.RawMessage(args), 0)

@@ -85,6 +85,12 @@ func fromLAP(err error, base string) *toolError {
 	}
 	e := &toolError{Code: le.Code, Detail: le.Detail, RetryAfter: le.RetryAfter, Reconnect: le.Reconnect}
 	switch le.Code {
+	case "paused", "revoked":
+		// LAP's detail for these is the same advice in words for bridges
+		// that show only code and detail; the hint below says it already.
+		e.Detail = ""
+	}
+	switch le.Code {
 	case "auth-failed":
 		e.Hint = "the connect token is invalid or expired; " + askForLine + "."
 	case "revoked":

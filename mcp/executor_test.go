@@ -141,6 +141,21 @@ func TestErrors(t *testing.T) {
 			wantError(t, h.call("get_state", nil), tc.code, tc.hint)
 		})
 	}
+	// LAP's detail on paused/revoked repeats the hint in words (for bridges
+	// that show only code and detail); the model reads it once.
+	for _, le := range []*lap.Error{
+		{Status: 403, Code: "revoked", Detail: "lap detail: revoked in the app"},
+		{Status: 503, Code: "paused", Reconnect: "pending", RetryAfter: time.Minute, Detail: "lap detail: may reconnect within 60 s"},
+	} {
+		h := newHarness(t, nil)
+		h.connect(tokA)
+		h.lap.on("/state", func(int, fakeCall) (any, error) { return nil, le })
+		out := h.call("get_state", nil)
+		wantError(t, out, le.Code)
+		if strings.Contains(out.Text, le.Detail) {
+			t.Errorf("%s: the LAP detail is repeated after the hint: %q", le.Code, out.Text)
+		}
+	}
 }
 
 func TestConnectFailureUnbinds(t *testing.T) {

@@ -409,13 +409,31 @@ func (s *session) retire(m *map[string]chan callResult, id string, res callResul
 
 // failAll retires every call and watch with err. Caller holds s.mu.
 func (s *session) failAllLocked(err error) {
+	s.takeAllLocked().fail(err)
+}
+
+// pending is a set of retired waiters still to be told their outcome.
+type pending []chan callResult
+
+// takeAllLocked retires every call and watch (nobody else can answer them
+// any more) and returns their channels. Caller holds s.mu.
+func (s *session) takeAllLocked() pending {
+	var out pending
 	for id, ch := range s.calls {
-		ch <- callResult{err: err}
+		out = append(out, ch)
 		delete(s.calls, id)
 	}
 	for id, ch := range s.watches {
-		ch <- callResult{err: err}
+		out = append(out, ch)
 		delete(s.watches, id)
+	}
+	return out
+}
+
+// fail tells every waiter err. Each channel has room for one result.
+func (p pending) fail(err error) {
+	for _, ch := range p {
+		ch <- callResult{err: err}
 	}
 }
 
@@ -605,6 +623,36 @@ func (r *Registry) RecentLog(tid string, n int, kind string) []json.RawMessage {
 	return out
 }
 
+// AppendLog puts an entry the server made itself (for example a dispatch
+// lapd refused before it reached the tab) in tid's recent-actions ring, as a
+// log-append from the tab would be, but without calling Hooks.OnLogAppend
+// (the caller audits what it did). Entries over MaxLogEntry are not kept;
+// the entry counts in the ring's byte budgets like any other.
+// ErrPaused if the registry holds nothing for tid.
+func (r *Registry) AppendLog(tid string, entry json.RawMessage) error {
+	r.mu.Lock()
+	s := r.sessions[tid]
+	r.mu.Unlock()
+	if s == nil {
+		return ErrPaused
+	}
+	if len(entry) > MaxLogEntry {
+		return nil
+	}
+	s.mu.Lock()
+	if s.dropped {
+		s.mu.Unlock()
+		return ErrPaused
+	}
+	delta, _ := s.appendLogLocked(entry, r.cfg.LogRing, r.cfg.LogRingBytes)
+	r.bufBytes.Add(int64(delta))
+	s.mu.Unlock()
+	if r.overBudget() {
+		r.shed()
+	}
+	return nil
+}
+
 // Unregister pushes {t:'revoked'}, closes tid's socket (4001), fails its
 // calls and drops its buffers (revoke, version skew).
 func (r *Registry) Unregister(tid string) {
@@ -649,6 +697,8 @@ func (r *Registry) afterClose(tid, reason string) {
 	if _, err := r.cfg.Tokens.Disconnected(context.Background(), tid); err != nil {
 		r.cfg.Logger.Warn("pairing: marking the token pending-resume failed", "tid", tid, "err", err)
 	}
+	// Audited before the hook runs, so that whoever the hook tells finds
+	// the entry (TestHeartbeatClosesDeadTab read the audit in between).
 	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason}})
 	if h := r.hooks.Load(); h.OnClosed != nil {
 		h.OnClosed(tid)

@@ -278,9 +278,10 @@ func (r *Registry) connGone(c *conn, readErr error) {
 	s := c.s
 	s.mu.Lock()
 	mine := s.cur == c
+	var orphans pending
 	if mine {
 		s.cur = nil
-		s.failAllLocked(ErrPaused)
+		orphans = s.takeAllLocked()
 	}
 	s.mu.Unlock()
 	if mine && !s.dropped && r.sessions[s.tid] == s {
@@ -290,7 +291,12 @@ func (r *Registry) connGone(c *conn, readErr error) {
 	}
 	r.mu.Unlock()
 	if mine {
+		// Record the close (token → pending-resume with its grace) before
+		// the calls that were in flight on this socket fail, so that their
+		// 503 paused carries the grace left, as a call made after the drop
+		// would, not the 5 s of a tab that never connected.
 		r.afterClose(s.tid, closeReason(code, readErr))
+		orphans.fail(ErrPaused)
 	}
 }
 

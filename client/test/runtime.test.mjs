@@ -511,7 +511,8 @@ test('would_dispatch with a pure reducer predicts without committing', async () 
   assert.equal(r.reply.result.message, 'not pure')
   r = await rpc(ws, 'would_dispatch', { msg: { type: 'addTask', title: '' } })
   assert.equal(r.reply.result.reason, 'schema-mismatch')
-  assert.equal(r.reply.result.errors[0].path, '/title')
+  assert.deepEqual(r.reply.result.errors[0], { path: 'title', code: 'validates-failed', message: 'must be at least 1 characters', pointer: '/title' },
+    "the reference runtime's shape: reference paths and codes")
   agent.destroy()
 })
 
@@ -567,5 +568,32 @@ test('stats: real clock, errors and malformed frames count too', async () => {
   assert.ok(wall >= 30, `wall ${wall}`)
   assert.ok(s.rpcHandleMsTotal < wall - 20, `lapd.js cost ${s.rpcHandleMsTotal} ms must exclude the ≥ 30 ms save (wall ${wall} ms)`)
   assert.ok(s.rpcHandleMsP50 <= s.rpcHandleMsTotal)
+  agent.destroy()
+})
+
+test('the panel\'s words: summarize in approvals and log notes; log-show is shown, not echoed', async () => {
+  const env = await connected({
+    actions: {
+      addTask: { intent: 'Add a task', summarize: ({ title }) => `Add "${title}"`, handler: () => {} },
+      clearAll: { intent: 'Delete every task', requiresConfirm: true, summarize: (_, s) => `Delete every task (${s.tasks.length} tasks)`, handler: () => {} },
+    },
+  })
+  const { ws, agent } = env
+  const { reply, log } = await rpc(ws, 'send_message', { msg: { type: 'clearAll' } })
+  const cid = reply.result.confirmId
+  assert.equal(log.kind, 'proposed')
+  assert.equal(log.confirmId, cid, 'the proposal names its confirmId (the feed folds the outcome into it)')
+  assert.equal(log.summary, undefined, 'panel words stay off the wire')
+  assert.equal(agent.pendingConfirms()[0].summary, 'Delete every task (0 tasks)')
+  env.store.set({ ...env.store.get(), tasks: [1, 2] })
+  assert.equal(agent.pendingConfirms()[0].summary, 'Delete every task (2 tasks)', 'computed against the current state')
+  agent.reject(cid)
+  const out = agent.log().at(-1)
+  assert.equal(out.kind, 'rejected')
+  assert.equal(out.confirmId, cid)
+  const before = ws.frames('log-append').length
+  ws.frame({ t: 'log-show', entry: { id: 'blocked-1', at: 1, kind: 'blocked', variant: 'reset', intent: 'Reset', detail: 'human-only: ask them' } })
+  assert.equal(agent.log().at(-1).id, 'blocked-1')
+  assert.equal(ws.frames('log-append').length, before, 'log-show is not echoed')
   agent.destroy()
 })

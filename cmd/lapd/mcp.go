@@ -20,7 +20,7 @@ import (
 func runMCP(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, env func(string) string) error {
 	var url, level string
 	var readBudget time.Duration
-	fs := newFlagSet("lapd mcp", stderr, env)
+	fs := newFlagSet("lapd mcp", stdout, env)
 	fs.String(&url, "url", "", "default LAP base URL for connect_session when the model passes only a token (e.g. http://127.0.0.1:8787/agent/lap/v1)")
 	fs.String(&level, "log-level", "warn", "debug, info, warn, error (logs go to stderr)")
 	fs.Duration(&readBudget, "read-budget", 20*time.Second, "time budget of a read tool call")

@@ -21,7 +21,7 @@ import (
 
 // runServe is `lapd serve`.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) error {
-	c, err := parseServeFlags(args, stderr, env)
+	c, err := parseServeFlags(args, stdout, env)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -51,12 +51,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	base := "http://" + ln.Addr().String()
-	log.Info("lapd listening on "+base, "data_dir", dataDirOrMemory(c), "anonymous_mint", lcfg.AllowAnonymous,
-		"demo", c.Demo, "mcp", c.MCP)
-	if c.Demo {
-		fmt.Fprintf(stderr, "\n  Demo app:      %s/\n  MCP endpoint:  %s/agent/mcp\n  LAP base:      %s/agent/lap/v1\n\n", base, base, base)
+	urls := listenURLs(ln.Addr(), interfaceAddrs)
+	base := urls[0]
+	origins := "same origin only"
+	if len(lcfg.Origins) > 0 {
+		origins = "same origin + " + strings.Join(lcfg.Origins, ", ")
 	}
+	log.Info("lapd listening on "+base, "data_dir", dataDirOrMemory(c), "anonymous_mint", lcfg.AllowAnonymous,
+		"demo", c.Demo, "mcp", c.MCP, "origins", origins)
+	if !lcfg.AllowAnonymous && lcfg.Identity == nil {
+		log.Warn("anonymous mint is off and no identity is configured: nobody can mint a token", "fix", "--allow-anonymous true, or --identity-cookie / --jwt-cookie / --jwt-header")
+	}
+	printBanner(stderr, c, lcfg, urls)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -83,6 +89,73 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// listenURLs are the http:// base URLs under which the listener at addr can
+// be reached, this machine's first. An unspecified host (0.0.0.0, ::) is
+// written as 127.0.0.1 followed by the machine's other addresses (from
+// addrs), at most 4, IPv4 first; link-local addresses are left out.
+func listenURLs(addr net.Addr, addrs func() ([]net.Addr, error)) []string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return []string{"http://" + addr.String()}
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsUnspecified() {
+		return []string{"http://" + net.JoinHostPort(host, port)}
+	}
+	urls := []string{"http://" + net.JoinHostPort("127.0.0.1", port)}
+	var v4, v6 []string
+	if as, err := addrs(); err == nil {
+		for _, a := range as {
+			n, ok := a.(*net.IPNet)
+			if !ok || n.IP.IsLoopback() || n.IP.IsLinkLocalUnicast() || n.IP.IsUnspecified() {
+				continue
+			}
+			u := "http://" + net.JoinHostPort(n.IP.String(), port)
+			if n.IP.To4() != nil {
+				v4 = append(v4, u)
+			} else if ip.To4() == nil { // IPv6 addresses only when listening on ::
+				v6 = append(v6, u)
+			}
+		}
+	}
+	others := append(v4, v6...)
+	return append(urls, others[:min(len(others), 4)]...)
+}
+
+func interfaceAddrs() ([]net.Addr, error) { return net.InterfaceAddrs() }
+
+// printBanner tells the human where lapd is and what will not work as they
+// might expect (anonymous mint off beyond loopback).
+func printBanner(w io.Writer, c serveConfig, lcfg lapd.Config, urls []string) {
+	base := urls[0]
+	if c.PublicURL != "" {
+		base = strings.TrimRight(c.PublicURL, "/")
+		urls = []string{base}
+	}
+	fmt.Fprintln(w)
+	if c.Demo {
+		fmt.Fprintf(w, "  Demo app:      %s/\n", urls[0])
+		for _, u := range urls[1:] {
+			fmt.Fprintf(w, "                 %s/  (from other machines)\n", u)
+		}
+	}
+	if c.MCP {
+		fmt.Fprintf(w, "  MCP endpoint:  %s/agent/mcp\n", base)
+	}
+	fmt.Fprintf(w, "  LAP base:      %s/agent/lap/v1\n", base)
+	if !lcfg.AllowAnonymous && lcfg.Identity == nil {
+		why := "--allow-anonymous is false"
+		if c.AllowAnonymous == "auto" {
+			why = "lapd listens beyond loopback (" + c.Addr + ")\n  and --allow-anonymous is auto"
+		}
+		fmt.Fprintf(w, "\n  Anonymous mint is off: %s, and no identity is configured.\n"+
+			"  \"Connect an AI\" in the app will answer 401 auth-required. To let anyone who can\n"+
+			"  reach this address connect an AI, add --allow-anonymous true; to require a\n"+
+			"  signed-in user, set --identity-cookie or --jwt-cookie/--jwt-header (lapd serve --help).\n", why)
+	}
+	fmt.Fprintln(w)
 }
 
 func dataDirOrMemory(c serveConfig) string {

@@ -2,11 +2,14 @@
 // lapd over the WebSocket using a minted token and answers LAP RPC frames for
 // a tiny counter/todo app (lapdtest.DemoApp), the way client/lapd.js does in
 // a real page. It exists so that the README's curl walk-through works
-// without a browser:
+// without a browser (the whole block is in README.md, "Walk-through with
+// curl"; e2e/readme_curl_test.go runs it):
 //
-//	TOKEN=$(curl -s -X POST http://127.0.0.1:8787/agent/mint | sed 's/.*"token":"\([^"]*\)".*/\1/')
-//	go run ./examples/gotab --token "$TOKEN" &
-//	curl -s -X POST -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8787/agent/lap/v1/observe
+//	go build -o bin/ ./cmd/lapd ./examples/gotab
+//	bin/lapd serve --audit sqlite &
+//	MINT=$(curl -sS -X POST http://127.0.0.1:8787/agent/mint)
+//	TOKEN=$(echo "$MINT" | sed 's/.*"token":"\([^"]*\)".*/\1/')
+//	bin/gotab --url http://127.0.0.1:8787 --token "$TOKEN" &
 //
 // Its actions: inc, addTodo {title}, clearAll (needs the human's approval:
 // gotab approves every request after --approve-after, or never when 0) and
