@@ -36,6 +36,7 @@ type serveConfig struct {
 	MCP             bool
 	Tools           string
 	ShutdownTimeout time.Duration
+	MaxKeptMiB      int
 
 	IdentityCookie    string
 	IdentityCookieKey string
@@ -75,6 +76,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.Bool(&c.MCP, "mcp", true, "serve the MCP Streamable HTTP endpoint at /agent/mcp")
 	fs.String(&c.Tools, "tools", "core", "MCP tools listed at /agent/mcp: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
 	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
+	fs.Int(&c.MaxKeptMiB, "max-kept-mib", 512, "ceiling in MiB of session data kept in memory (log rings, hellos, kept outcomes, idempotent results, compiled policies); over it lapd sheds the heaviest sessions' oldest data and logs it")
 	fs.String(&c.IdentityCookie, "identity-cookie", "", "name of a signed cookie <uid>.<base64url(HMAC-SHA256(key, uid))> that names the user for mint")
 	fs.String(&c.IdentityCookieKey, "identity-cookie-key", "", "HMAC key for --identity-cookie (at least 32 characters)")
 	fs.String(&c.JWTCookie, "jwt-cookie", "", "cookie holding the host app's login JWT (names the user for mint)")
@@ -96,6 +98,9 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	case "auto", "true", "false":
 	default:
 		return c, usageError{"--allow-anonymous must be auto, true or false, not " + c.AllowAnonymous}
+	}
+	if c.MaxKeptMiB < 16 {
+		return c, usageError{"--max-kept-mib must be at least 16"}
 	}
 	if c.LAPRate <= 0 || c.MintRate <= 0 {
 		return c, usageError{"--lap-rate and --mint-rate must be positive"}
