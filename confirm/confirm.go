@@ -235,6 +235,11 @@ type Manager struct {
 	pendingBytes, keptBytes int       // guarded by mu
 	shed, unproposed        int64     // guarded by mu
 	lastShedLog             time.Time // guarded by mu
+
+	// shared is Config.Store when other processes share it (a cluster):
+	// see SharedStore and cluster.go.
+	shared SharedStore
+	parked *list.List // of parkedAnswer, oldest first (shared stores only)
 }
 
 // maxUnnotified bounds the expiries kept for a hook set later.
@@ -268,6 +273,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		kept:  list.New(),
 
 		onExpire: cfg.OnExpire,
+		parked:   list.New(),
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
@@ -275,6 +281,12 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	defer close(m.ready)
 	if cfg.Store == nil {
 		return m, nil
+	}
+	if sh, ok := cfg.Store.(SharedStore); ok {
+		// Follow first: a change made while the list loads is applied
+		// after it (both are idempotent), never lost between the two.
+		m.shared = sh
+		sh.Follow(m.follow)
 	}
 	ps, err := cfg.Store.List(ctx)
 	if err != nil {
@@ -323,7 +335,7 @@ func (m *Manager) storeDelete(tid, id string) {
 
 // storeResolved records e's answer in the Store. Caller holds mu.
 func (m *Manager) storeResolved(ctx context.Context, e *entry, r Resolution) {
-	if m.cfg.Store == nil {
+	if m.cfg.Store == nil || m.shared != nil { // a shared store has it from settleLocked
 		return
 	}
 	p := e.p
@@ -444,18 +456,27 @@ func (m *Manager) Propose(ctx context.Context, p Pending) error {
 		}
 	}
 	e := m.addPending(ts, p)
-	if r, ok := ts.parked[p.ConfirmID]; ok { // answered before it was recorded
-		delete(ts.parked, p.ConfirmID)
-		m.stopTimer(e.timer)
-		if r.Variant == "" {
-			r.Variant = p.Variant
-		}
-		m.resolveLocked(ts, e, r)
-		if ts.kept[p.ConfirmID] == e {
-			m.storeResolved(ctx, e, e.res)
-		}
-	}
+	m.applyParkedLocked(ctx, ts, e)
 	return nil
+}
+
+// applyParkedLocked resolves e with an answer parked for it (the human
+// answered before the proposal was recorded). Caller holds mu.
+func (m *Manager) applyParkedLocked(ctx context.Context, ts *tidState, e *entry) {
+	r, ok := ts.parked[e.key.id]
+	if !ok {
+		return
+	}
+	delete(ts.parked, e.key.id)
+	m.stopTimer(e.timer)
+	if r.Variant == "" {
+		r.Variant = e.p.Variant
+	}
+	r, _ = m.settleLocked(ctx, e, r)
+	m.resolveLocked(ts, e, r)
+	if ts.kept[e.key.id] == e {
+		m.storeResolved(ctx, e, e.res)
+	}
 }
 
 // Expect tells the Manager that a Propose for tid may follow (the tab was
@@ -479,7 +500,7 @@ func (m *Manager) Expect(tid string) (release func()) {
 			if ts == nil {
 				return
 			}
-			if ts.expecting--; ts.expecting == 0 {
+			if ts.expecting--; ts.expecting == 0 && m.shared == nil { // shared: parked answers age out instead
 				m.unproposed += int64(len(ts.parked))
 				ts.parked = nil
 				m.forget(tid)
@@ -497,6 +518,9 @@ func (m *Manager) Resolve(ctx context.Context, tid, confirmID string, r Resoluti
 	if !validID(tid) || !validID(confirmID) {
 		return Pending{}, false
 	}
+	if m.shared != nil {
+		m.fetchShared(ctx, tid, confirmID)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -505,6 +529,11 @@ func (m *Manager) Resolve(ctx context.Context, tid, confirmID string, r Resoluti
 	m.sweepLocked()
 	ts := m.tids[tid]
 	if ts == nil || (ts.pending[confirmID] == nil && ts.kept[confirmID] == nil) {
+		if m.shared != nil {
+			// Another node may be recording the proposal right now.
+			m.parkSharedLocked(tid, confirmID, r)
+			return Pending{}, false
+		}
 		// Never proposed: keep nothing, unless a proposal may be on its way.
 		if ts != nil && ts.expecting > 0 && len(ts.parked) < MaxParkedPerTID && keptSize(confirmID, r) <= m.cfg.KeptBytesPerTID {
 			if _, dup := ts.parked[confirmID]; !dup {
@@ -528,7 +557,9 @@ func (m *Manager) Resolve(ctx context.Context, tid, confirmID string, r Resoluti
 			r.Variant = e.p.Variant
 		}
 	}
+	r, won := m.settleLocked(ctx, e, r)
 	m.resolveLocked(ts, e, r)
+	wasPending = wasPending && won
 	if e.resolved && ts.kept[confirmID] == e {
 		m.storeResolved(ctx, e, e.res)
 	}
@@ -608,8 +639,13 @@ func (m *Manager) heaviestLocked() *tidState {
 
 // unkeep forgets a kept resolution (here and in the Store). Caller holds mu.
 func (m *Manager) unkeep(e *entry) {
-	ts := m.tids[e.key.tid]
 	m.storeDelete(e.key.tid, e.key.id)
+	m.unkeepLocal(e)
+}
+
+// unkeepLocal forgets a kept resolution here only. Caller holds mu.
+func (m *Manager) unkeepLocal(e *entry) {
+	ts := m.tids[e.key.tid]
 	m.kept.Remove(e.gElem)
 	n := keptSize(e.key.id, e.res)
 	m.keptBytes -= n
@@ -635,6 +671,7 @@ func (m *Manager) Stats() Stats {
 // sweepLocked drops kept resolutions past their keep window. Caller holds mu.
 func (m *Manager) sweepLocked() {
 	now := m.now()
+	m.sweepParkedLocked(now)
 	for f := m.kept.Front(); f != nil; f = m.kept.Front() {
 		e := f.Value.(*entry)
 		if now.Before(e.keepTill) {
@@ -678,11 +715,16 @@ func (m *Manager) expire(e *entry) {
 		m.mu.Unlock()
 		return
 	}
-	m.resolveLocked(ts, e, Resolution{Status: StatusRejected, Reason: ReasonTimeout, Variant: e.p.Variant})
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	r, won := m.settleLocked(ctx, e, Resolution{Status: StatusRejected, Reason: ReasonTimeout, Variant: e.p.Variant})
+	m.resolveLocked(ts, e, r)
 	if ts.kept[e.key.id] == e {
-		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		m.storeResolved(ctx, e, e.res)
-		cancel()
+	}
+	cancel()
+	if !won { // another node answered (or expired) it first: its hook ran there
+		m.mu.Unlock()
+		return
 	}
 	p, hook := e.p, m.onExpire
 	if hook == nil {
@@ -721,6 +763,10 @@ func (m *Manager) SetOnExpire(f func(Pending)) {
 // is neither pending nor resolved, or if it is dropped while waiting;
 // ErrClosed if the Manager closes while waiting.
 func (m *Manager) Wait(ctx context.Context, tid, confirmID string) (Resolution, error) {
+	return m.wait(ctx, tid, confirmID, m.shared != nil)
+}
+
+func (m *Manager) wait(ctx context.Context, tid, confirmID string, fetch bool) (Resolution, error) {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -735,6 +781,9 @@ func (m *Manager) Wait(ctx context.Context, tid, confirmID string) (Resolution, 
 		}
 	}
 	m.mu.Unlock()
+	if e == nil && fetch && m.fetchShared(ctx, tid, confirmID) {
+		return m.wait(ctx, tid, confirmID, false)
+	}
 	if e == nil {
 		return Resolution{}, ErrUnknown
 	}

@@ -2,11 +2,14 @@ package confirm_test
 
 import (
 	"database/sql"
+	"fmt"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"github.com/lapd-dev/lapd/confirm"
 	"github.com/lapd-dev/lapd/confirm/storetest"
+	"github.com/lapd-dev/lapd/internal/natstest"
 )
 
 func TestMemoryStore(t *testing.T) {
@@ -70,4 +73,18 @@ func TestSQLiteStoreUpgradesOldTable(t *testing.T) {
 	if err != nil || len(ps) != 1 || ps[0].ConfirmID != "c" || ps[0].Outcome != nil {
 		t.Fatalf("List = %+v, %v", ps, err)
 	}
+}
+
+func TestNATSStore(t *testing.T) {
+	t.Parallel()
+	ns := natstest.Start(t)
+	nc := ns.Connect(t)
+	var n atomic.Int64
+	storetest.Run(t, func(t *testing.T) confirm.Store {
+		s, err := confirm.OpenNATS(t.Context(), nc, fmt.Sprintf("confirm_%d", n.Add(1)))
+		if err != nil {
+			t.Fatalf("OpenNATS: %v", err)
+		}
+		return s
+	})
 }

@@ -2,10 +2,14 @@ package tokens_test
 
 import (
 	"database/sql"
+	"errors"
+	"fmt"
 	"net/url"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
+	"github.com/lapd-dev/lapd/internal/natstest"
 	"github.com/lapd-dev/lapd/tokens"
 	"github.com/lapd-dev/lapd/tokens/storetest"
 )
@@ -168,5 +172,68 @@ func TestSQLiteStoreMigratesFromV1(t *testing.T) {
 	}
 	if rec, _ := s.Get(t.Context(), "t1"); rec.TabHash != tabHash {
 		t.Errorf("tab hash not stored: %+v", rec)
+	}
+}
+
+func TestNATSStore(t *testing.T) {
+	t.Parallel()
+	ns := natstest.Start(t)
+	nc := ns.Connect(t)
+	var n atomic.Int64
+	storetest.Run(t, func(t *testing.T) tokens.Store {
+		s, err := tokens.OpenNATS(t.Context(), nc, fmt.Sprintf("tokens_%d", n.Add(1)))
+		if err != nil {
+			t.Fatalf("OpenNATS: %v", err)
+		}
+		return s
+	})
+}
+
+// TestNATSStoreTwoNodes: two stores on one bucket (two lapd nodes) see each
+// other's records at once and lose no write when they race.
+func TestNATSStoreTwoNodes(t *testing.T) {
+	t.Parallel()
+	ns := natstest.Start(t)
+	open := func() *tokens.NATSStore {
+		s, err := tokens.OpenNATS(t.Context(), ns.Connect(t), "shared")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	a, b := open(), open()
+	_, hash := tokens.Generate()
+	if err := a.Create(t.Context(), tokens.Record{TID: "t1", TokenHash: hash, Status: tokens.StatusActive}); err != nil {
+		t.Fatal(err)
+	}
+	// Right away, before any watch delivery: b reads through to the bucket.
+	if r, err := b.FindByHash(t.Context(), hash); err != nil || r.TID != "t1" {
+		t.Fatalf("b.FindByHash right after a.Create = %+v, %v", r, err)
+	}
+	if err := b.Create(t.Context(), tokens.Record{TID: "t2", TokenHash: hash}); !errors.Is(err, tokens.ErrExists) {
+		t.Fatalf("b.Create with a's hash = %v, want ErrExists", err)
+	}
+	const n = 50
+	done := make(chan error, 2*n)
+	for _, s := range []*tokens.NATSStore{a, b} {
+		go func() {
+			for range n {
+				_, err := s.Update(t.Context(), "t1", func(r *tokens.Record) error { r.LastSeenAt++; return nil })
+				done <- err
+			}
+		}()
+	}
+	for range 2 * n {
+		if err := <-done; err != nil {
+			t.Errorf("Update: %v", err)
+		}
+	}
+	if r, err := b.Get(t.Context(), "t1"); err != nil || r.LastSeenAt < n {
+		t.Errorf("b sees LastSeenAt = %d, %v", r.LastSeenAt, err)
+	}
+	r, err := a.Update(t.Context(), "t1", func(r *tokens.Record) error { return nil })
+	if err != nil || r.LastSeenAt != 2*n {
+		t.Errorf("LastSeenAt = %d, %v; want %d (a write was lost)", r.LastSeenAt, err, 2*n)
 	}
 }
