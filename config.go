@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"golang.org/x/time/rate"
 
 	"github.com/lapd-dev/lapd/audit"
@@ -28,7 +29,19 @@ type Config struct {
 	// AuditSQLite) audit entries live in one SQLite file, DataDir/lapd.db
 	// (WAL), so a restart inside the grace window is invisible to a tab.
 	DataDir string // directory of lapd.db; "" = memory stores
-	Store   string // "sqlite" (default when DataDir is set) or "memory"
+	Store   string // "sqlite" (default when DataDir is set), "memory", or "nats" (the default in a cluster)
+
+	// Cluster (docs/CLUSTER.md). With NATSURL (or NATSConn) set, this lapd
+	// is one node of several on that NATS server: token records and
+	// approvals live in JetStream KV buckets ("<ClusterName>_tokens",
+	// "<ClusterName>_confirm") that every node shares, and a call for a
+	// tab whose WebSocket is on another node is forwarded there by NATS
+	// request/reply. DataDir then only holds this node's audit copy.
+	NATSURL     string        // e.g. nats://127.0.0.1:4222
+	NATSOptions []nats.Option // credentials, TLS, … for NATSURL
+	NATSConn    *nats.Conn    // your own connection instead of NATSURL; lapd does not close it
+	ClusterName string        // prefix of the subjects and buckets; default "lapd"
+	NodeID      string        // this node's name in the cluster; default random
 
 	// Your own implementations, used instead of the one Store names (for
 	// example a store in your app's database). lapd does not close them:

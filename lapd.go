@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/client"
 	"github.com/lapd-dev/lapd/confirm"
@@ -45,6 +47,8 @@ type Server struct {
 
 	db      *sql.DB
 	closers []io.Closer
+	nc      *nats.Conn // the cluster's NATS connection; nil on a single node
+	cluster string     // Config.ClusterName or "lapd"
 
 	shutOnce sync.Once
 	shutErr  error
@@ -76,7 +80,10 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.Demo && s.prefix != lap.DefaultPrefix {
 		return nil, fmt.Errorf("lapd: the demo app loads %s/client.js, so Demo needs the default Prefix (got %q)", lap.DefaultPrefix, cfg.Prefix)
 	}
-	tstore, cstore, err := s.openStores(cfg)
+	if err := s.openCluster(cfg); err != nil {
+		return nil, err
+	}
+	tstore, cstore, err := s.openStores(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -95,17 +102,23 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	// Sockets of a previous process are gone, whether it stopped gracefully
-	// or was killed: their sessions get a grace from now to re-pair.
-	if n, err := s.tokens.AfterRestart(ctx); err != nil {
-		return nil, fmt.Errorf("lapd: %w", err)
-	} else if n > 0 {
-		s.log.Info("sessions of the previous process wait for their tabs to re-pair", "sessions", n)
+	// or was killed: their sessions get a grace from now to re-pair. Not in
+	// a cluster: there the other nodes' sockets are alive (a node that was
+	// killed leaves its sessions active until their tabs re-pair elsewhere,
+	// which lapd.js does at once; docs/CLUSTER.md).
+	if s.nc == nil {
+		if n, err := s.tokens.AfterRestart(ctx); err != nil {
+			return nil, fmt.Errorf("lapd: %w", err)
+		} else if n > 0 {
+			s.log.Info("sessions of the previous process wait for their tabs to re-pair", "sessions", n)
+		}
 	}
 	if s.registry, err = pairing.New(pairing.Config{
 		Tokens: s.tokens, Audit: s.audit, Logger: s.log, AllowedOrigins: cfg.Origins,
 		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL,
 		PingInterval: cfg.PingInterval, RPCTimeout: cfg.RPCTimeout, Retention: cfg.Grace,
 		BufferBytes: share(4), LogRingBytes: min(pairing.DefaultLogRingBytes, share(4)),
+		Cluster: s.nc, ClusterPrefix: s.cluster, NodeID: cfg.NodeID,
 	}); err != nil {
 		return nil, err
 	}

@@ -1,11 +1,15 @@
 package lapd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/confirm"
@@ -19,7 +23,7 @@ import (
 // (cfg.TokenStore, cfg.ConfirmStore), else those named by cfg.Store and
 // cfg.DataDir, opening lapd.db for the sqlite store. A token store opened
 // here is closed by Shutdown (tokens.Manager does not own it).
-func (s *Server) openStores(cfg Config) (tokens.Store, confirm.Store, error) {
+func (s *Server) openStores(ctx context.Context, cfg Config) (tokens.Store, confirm.Store, error) {
 	if cfg.TokenStore != nil && cfg.ConfirmStore != nil {
 		return cfg.TokenStore, keepOpen{cfg.ConfirmStore}, nil
 	}
@@ -29,10 +33,43 @@ func (s *Server) openStores(cfg Config) (tokens.Store, confirm.Store, error) {
 		if cfg.DataDir == "" {
 			store = "memory"
 		}
+		if s.nc != nil {
+			store = "nats"
+		}
 	}
 	var tstore tokens.Store
 	var cstore confirm.Store
 	switch store {
+	case "nats":
+		if s.nc == nil {
+			return nil, nil, errors.New("lapd: the nats store needs NATSURL or NATSConn")
+		}
+		if cfg.TokenStore == nil {
+			ts, err := tokens.OpenNATS(ctx, s.nc, s.cluster+"_tokens")
+			if err != nil {
+				return nil, nil, fmt.Errorf("lapd: token store on NATS: %w", err)
+			}
+			tstore = ts
+			s.closers = append(s.closers, ts)
+		}
+		if cfg.ConfirmStore == nil {
+			cs, err := confirm.OpenNATS(ctx, s.nc, s.cluster+"_confirm")
+			if err != nil {
+				return nil, nil, fmt.Errorf("lapd: approval store on NATS: %w", err)
+			}
+			cstore = cs
+		}
+		if cfg.AuditSQLite && cfg.DataDir != "" {
+			// This node's own audit copy (lapd audit reads it).
+			if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+				return nil, nil, fmt.Errorf("lapd: data dir: %w", err)
+			}
+			db, err := sqlitedb.Open(filepath.Join(cfg.DataDir, "lapd.db"))
+			if err != nil {
+				return nil, nil, fmt.Errorf("lapd: %w", err)
+			}
+			s.db = db
+		}
 	case "sqlite":
 		if cfg.DataDir == "" {
 			return nil, nil, errors.New("lapd: the sqlite store needs a DataDir (or set TokenStore and ConfirmStore)")
@@ -65,7 +102,7 @@ func (s *Server) openStores(cfg Config) (tokens.Store, confirm.Store, error) {
 		s.closers = append(s.closers, tstore)
 		cstore = confirm.NewMemoryStore()
 	default:
-		return nil, nil, fmt.Errorf("lapd: unknown Store %q (want sqlite or memory)", store)
+		return nil, nil, fmt.Errorf("lapd: unknown Store %q (want sqlite, memory or nats)", store)
 	}
 	if cfg.TokenStore != nil {
 		tstore = cfg.TokenStore
@@ -74,6 +111,45 @@ func (s *Server) openStores(cfg Config) (tokens.Store, confirm.Store, error) {
 		cstore = keepOpen{cfg.ConfirmStore}
 	}
 	return tstore, cstore, nil
+}
+
+// openCluster connects to NATS when cfg names a cluster (NATSURL or
+// NATSConn); s.nc stays nil on a single node. A connection opened here is
+// closed last, after everything that uses it.
+func (s *Server) openCluster(cfg Config) error {
+	s.cluster = cfg.ClusterName
+	if s.cluster == "" {
+		s.cluster = "lapd"
+	}
+	for _, c := range s.cluster {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return fmt.Errorf("lapd: ClusterName %q may hold only letters, digits, - and _", cfg.ClusterName)
+		}
+	}
+	switch {
+	case cfg.NATSConn != nil:
+		s.nc = cfg.NATSConn
+	case cfg.NATSURL != "":
+		opts := append([]nats.Option{
+			nats.Name("lapd " + cfg.NodeID),
+			nats.MaxReconnects(-1), // a NATS restart is waited out, not fatal
+			nats.ReconnectWait(250 * time.Millisecond),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				s.log.Warn("nats: asynchronous error", "err", err)
+			}),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				s.log.Warn("nats: disconnected; reconnecting", "err", err)
+			}),
+			nats.ReconnectHandler(func(nc *nats.Conn) { s.log.Info("nats: reconnected", "server", nc.ConnectedUrlRedacted()) }),
+		}, cfg.NATSOptions...)
+		nc, err := nats.Connect(cfg.NATSURL, opts...)
+		if err != nil {
+			return fmt.Errorf("lapd: connecting to NATS at %s: %w", cfg.NATSURL, err)
+		}
+		s.nc = nc
+		s.closers = append(s.closers, closerFunc(func() error { nc.Close(); return nil }))
+	}
+	return nil
 }
 
 // keepOpen shields the caller's confirm store from confirm.Manager.Close,
@@ -99,7 +175,7 @@ func (s *Server) openAuditSinks(cfg Config) ([]audit.Sink, error) {
 	if cfg.AuditSQLite {
 		if s.db == nil {
 			closeSinks(sinks[len(cfg.AuditSinks):])
-			return nil, errors.New("lapd: AuditSQLite needs the sqlite store")
+			return nil, errors.New("lapd: AuditSQLite needs the sqlite store (or a DataDir in a cluster)")
 		}
 		ss, err := audit.NewSQLiteSink(s.db)
 		if err != nil {

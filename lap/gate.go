@@ -103,13 +103,20 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		return nil, errf(http.StatusForbidden, CodeRevoked, detailRevoked)
 	}
 	c.rec = rec
-	// 4. paired?
-	if !s.cfg.Registry.IsPaired(c.tid) {
+	// 4. paired? 5. rate limit per tid: both decided where the tab lives
+	// (Hooks.OnAdmit; on another node in a cluster).
+	paired, retryMs, err := s.cfg.Registry.Admit(c.ctx, c.tid)
+	if err != nil && c.ctx.Err() != nil {
+		return nil, errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled")
+	}
+	if err != nil {
+		c.s.log.Warn("asking the tab's node failed", "tid", c.tid, "err", err)
+	}
+	if !paired {
 		return nil, s.paused(c.ctx, c.tid)
 	}
-	// 5. rate limit per tid
-	if ok, ms := s.lapRate.allow(c.tid); !ok {
-		return nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: ms}
+	if retryMs > 0 {
+		return nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: retryMs}
 	}
 	// 6. body through a limit (covers chunked bodies)
 	if c.r.Body != nil && c.r.Body != http.NoBody {

@@ -197,6 +197,7 @@ func New(cfg Config) (*Server, error) {
 		OnClosed:          s.onClosed,
 		OnConfirmResolved: s.onConfirmResolved,
 		OnLogAppend:       s.onLogAppend,
+		OnAdmit:           s.lapRate.allow,
 	})
 	return s, nil
 }

@@ -216,6 +216,7 @@ func (c *conn) hello(f inFrame) {
 	if mine {
 		r.bufBytes.Add(int64(helloSize(h) - helloSize(s.hello)))
 		s.hello = h
+		s.helloGen++
 		if f.Visible != nil {
 			v := *f.Visible
 			s.visible = &v

@@ -66,6 +66,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/tokens"
 )
@@ -164,6 +166,8 @@ type Stats struct {
 	ClosedShed     int64 // closed tabs whose buffers were dropped early for BufferBytes
 	Throttled      int64 // inbound frames delayed by the per-socket rate
 	OverloadCloses int64 // sockets closed with 1013: their hello did not fit BufferBytes
+
+	Cluster ClusterStats // forwarding to and from other nodes (Config.Cluster)
 }
 
 // ConfirmResolved is a tab's confirm-resolved frame.
@@ -189,6 +193,10 @@ type Hooks struct {
 	OnClosed          func(tid string)              // the tab's socket is gone (not when superseded)
 	OnConfirmResolved func(tid string, r ConfirmResolved)
 	OnLogAppend       func(tid string, entry json.RawMessage) // after it is put in the ring
+	// OnAdmit decides whether a call for tid may go ahead now (the
+	// per-tid rate limit), on the node that holds the tab: Admit calls it
+	// here, or on the owner in a cluster. nil = always.
+	OnAdmit func(tid string) (ok bool, retryAfterMs int64)
 }
 
 // Config configures a Registry. Zero values mean the documented defaults.
@@ -213,6 +221,13 @@ type Config struct {
 	FrameBurst     int             // default 1000
 	ByteRate       float64         // inbound bytes per second per socket; default 8 MiB/s
 	Hooks          Hooks
+
+	// Cluster joins this Registry to the other lapd nodes on the same NATS
+	// (cluster.go): a call for a tab whose socket is on another node is
+	// forwarded there. nil = a single node. The Registry does not close it.
+	Cluster       *nats.Conn
+	ClusterPrefix string // subject prefix; default "lapd"
+	NodeID        string // this node's name on the subjects; default random
 }
 
 // Registry holds the paired tabs. Safe for concurrent use.
@@ -228,6 +243,8 @@ type Registry struct {
 	stop     chan struct{} // closed by Shutdown
 
 	wg sync.WaitGroup // every goroutine the registry runs or serves in
+
+	cl *cluster // nil on a single node
 
 	malformed, unknown, unknownReplies, refused atomic.Int64
 	superseded, hbCloses, overflowCloses        atomic.Int64
@@ -254,6 +271,7 @@ type session struct {
 	connectedAt int64
 	lastHB      int64
 	accepts     int
+	helloGen    uint64            // bumped by every hello (cluster caches key on it)
 	ring        []json.RawMessage // oldest first, len ≤ LogRing
 	ringBytes   int               // bytes of ring
 	dropped     bool              // unregistered: buffers gone, nothing more is kept
@@ -314,7 +332,75 @@ func New(cfg Config) (*Registry, error) {
 	r := &Registry{cfg: cfg, sessions: map[string]*session{}, closed: list.New(), stop: make(chan struct{})}
 	h := cfg.Hooks
 	r.hooks.Store(&h)
+	if cfg.Cluster != nil {
+		cl, err := newCluster(r, cfg.Cluster, cfg.ClusterPrefix, cfg.NodeID)
+		if err != nil {
+			return nil, err
+		}
+		r.cl = cl
+	}
 	return r, nil
+}
+
+// holds reports whether tid's socket is on this node.
+func (r *Registry) holds(tid string) bool {
+	r.mu.Lock()
+	s := r.sessions[tid]
+	shutting := r.shutting
+	r.mu.Unlock()
+	return s != nil && !shutting && !s.isClosed()
+}
+
+// remote reports whether a call for tid goes to another node.
+func (r *Registry) remote(tid string) bool {
+	if r.cl == nil {
+		return false
+	}
+	r.mu.Lock()
+	shutting := r.shutting
+	r.mu.Unlock()
+	return !shutting && !r.holds(tid)
+}
+
+func (r *Registry) helloGen(tid string) uint64 {
+	r.mu.Lock()
+	s := r.sessions[tid]
+	r.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.helloGen
+}
+
+// remoteGone: this node forgets what it kept about a tab held elsewhere.
+func (r *Registry) remoteGone(tid string) {
+	if r.holds(tid) {
+		return
+	}
+	if h := r.hooks.Load(); h.OnClosed != nil {
+		h.OnClosed(tid)
+	}
+}
+
+// Admit is the gate of a call for tid: paired reports whether a socket
+// holds tid (here, or on another node in a cluster); retryAfterMs > 0 when
+// Hooks.OnAdmit refused the call (the per-tid rate limit, decided where the
+// tab lives). err only for a cluster failure other than "nobody holds it".
+func (r *Registry) Admit(ctx context.Context, tid string) (paired bool, retryAfterMs int64, err error) {
+	if r.remote(tid) {
+		return r.cl.admit(ctx, tid)
+	}
+	if !r.IsPaired(tid) {
+		return false, 0, nil
+	}
+	if h := r.hooks.Load(); h.OnAdmit != nil {
+		if ok, ms := h.OnAdmit(tid); !ok {
+			return true, max(ms, 1), nil
+		}
+	}
+	return true, 0, nil
 }
 
 // SetHooks installs the hooks (the lap server does this in lap.New). Call it
@@ -346,7 +432,15 @@ func (r *Registry) Stats() Stats {
 		ClosedShed:          r.closedShed.Load(),
 		Throttled:           r.throttled.Load(),
 		OverloadCloses:      r.overloadCloses.Load(),
+		Cluster:             r.clusterStats(),
 	}
+}
+
+func (r *Registry) clusterStats() ClusterStats {
+	if r.cl == nil {
+		return ClusterStats{}
+	}
+	return r.cl.stats()
 }
 
 func (s *session) isClosed() bool {
@@ -483,6 +577,9 @@ func (r *Registry) Call(ctx context.Context, tid, tool string, args any, timeout
 	if timeout <= 0 {
 		timeout = r.cfg.RPCTimeout
 	}
+	if r.remote(tid) {
+		return r.cl.call(ctx, tid, tool, args, timeout)
+	}
 	s, err := r.live(tid)
 	if err != nil {
 		return nil, err
@@ -523,6 +620,10 @@ func (r *Registry) Push(tid string, frame any) error {
 	if err != nil {
 		return err
 	}
+	if r.remote(tid) {
+		_, err := r.cl.simple(tid, "push", b)
+		return err
+	}
 	s, err := r.live(tid)
 	if err != nil {
 		return err
@@ -544,6 +645,11 @@ func (r *Registry) IsPaired(tid string) bool {
 
 // Hello returns tid's cached hello (kept for Retention after the socket closes).
 func (r *Registry) Hello(tid string) (Hello, bool) {
+	if r.remote(tid) {
+		if h, ok, err := r.cl.hello(tid); err == nil && ok {
+			return h, true
+		}
+	}
 	r.mu.Lock()
 	s := r.sessions[tid]
 	r.mu.Unlock()
@@ -560,6 +666,11 @@ func (r *Registry) Hello(tid string) (Hello, bool) {
 
 // Health reports tid's connection health.
 func (r *Registry) Health(tid string) Health {
+	if r.remote(tid) {
+		if h, ok := r.cl.health(tid); ok {
+			return h
+		}
+	}
 	r.mu.Lock()
 	s := r.sessions[tid]
 	r.mu.Unlock()
@@ -583,6 +694,9 @@ func (r *Registry) Health(tid string) Health {
 // unwatch{id}. It returns the update's stateAfter; ErrTimeout when ctx's
 // deadline passes first; ErrPaused if the socket goes away.
 func (r *Registry) Watch(ctx context.Context, tid, path string) (json.RawMessage, error) {
+	if r.remote(tid) {
+		return r.cl.watch(ctx, tid, path)
+	}
 	s, err := r.live(tid)
 	if err != nil {
 		return nil, err
@@ -616,6 +730,15 @@ func (r *Registry) Watch(ctx context.Context, tid, path string) (json.RawMessage
 // RecentLog returns up to n of tid's log-append entries, newest first,
 // optionally only those of kind. n ≤ 0 means all that are kept.
 func (r *Registry) RecentLog(tid string, n int, kind string) []json.RawMessage {
+	if r.remote(tid) {
+		b, _ := json.Marshal(callReq{N: n, Kind: kind})
+		if res, err := r.cl.simple(tid, "log", b); err == nil {
+			var out []json.RawMessage
+			if json.Unmarshal(res, &out) == nil && out != nil {
+				return out
+			}
+		}
+	}
 	r.mu.Lock()
 	s := r.sessions[tid]
 	r.mu.Unlock()
@@ -645,6 +768,11 @@ func (r *Registry) RecentLog(tid string, n int, kind string) []json.RawMessage {
 // the entry counts in the ring's byte budgets like any other.
 // ErrPaused if the registry holds nothing for tid.
 func (r *Registry) AppendLog(tid string, entry json.RawMessage) error {
+	if r.remote(tid) {
+		if _, err := r.cl.simple(tid, "append", entry); !errors.Is(err, ErrPaused) {
+			return err
+		}
+	}
 	r.mu.Lock()
 	s := r.sessions[tid]
 	r.mu.Unlock()
@@ -672,6 +800,10 @@ func (r *Registry) AppendLog(tid string, entry json.RawMessage) error {
 // calls and drops its buffers (revoke, version skew).
 func (r *Registry) Unregister(tid string) {
 	r.drop(tid, CloseRevoked, "revoked", "unregistered")
+	if r.cl != nil {
+		_, _ = r.cl.simple(tid, "unregister", nil)
+		r.cl.forgetRemote(tid)
+	}
 }
 
 // drop removes tid at once: the live socket (if any) gets {t:'revoked'} when
@@ -697,6 +829,9 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 	s.failAllLocked(ErrPaused)
 	r.bufBytes.Add(-int64(s.releaseBuffersLocked()))
 	s.mu.Unlock()
+	if r.cl != nil {
+		r.cl.disown(tid)
+	}
 	if c == nil {
 		return
 	}
@@ -709,6 +844,14 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 
 // afterClose runs when tid lost its socket for good (not superseded).
 func (r *Registry) afterClose(tid, reason string) {
+	if r.cl != nil && r.cl.liveElsewhere(tid) {
+		// The tab is already on another node: the record is that node's.
+		r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason, "pairedElsewhere": true}})
+		if h := r.hooks.Load(); h.OnClosed != nil {
+			h.OnClosed(tid)
+		}
+		return
+	}
 	if _, err := r.cfg.Tokens.Disconnected(context.Background(), tid); err != nil {
 		r.cfg.Logger.Warn("pairing: marking the token pending-resume failed", "tid", tid, "err", err)
 	}
@@ -725,6 +868,9 @@ func (r *Registry) afterClose(tid, reason string) {
 // goroutines it started, or for ctx. New upgrades are refused with 503
 // shutting-down from the moment it is called. Calling it twice is fine.
 func (r *Registry) Shutdown(ctx context.Context) error {
+	if r.cl != nil {
+		r.cl.close() // other nodes stop reaching tabs here: they are told to reconnect
+	}
 	r.mu.Lock()
 	if !r.shutting {
 		r.shutting = true

@@ -239,6 +239,11 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	ws.SetReadLimit(r.cfg.MaxFrame)
 	c.ws, c.nc = ws, hr.nc
+	if r.cl != nil && !c.tab && !r.holds(rec.TID) && r.cl.liveElsewhere(rec.TID) {
+		// Superseding a live socket on another node without the tab
+		// secret: as for a local one, this socket may not approve.
+		c.noApprove = true
+	}
 	old, ok := r.register(rec.TID, c)
 	if !ok { // Shutdown began meanwhile
 		_, _ = r.cfg.Tokens.Disconnected(context.Background(), rec.TID)
@@ -290,12 +295,15 @@ func (r *Registry) register(tid string, c *conn) (*conn, bool) {
 		go r.loop()
 	}
 	r.mu.Unlock()
+	if r.cl != nil {
+		r.cl.own(tid)
+	}
 	if old != nil {
 		old.mu.Lock()
 		live := !old.closing && !old.gone
 		old.mu.Unlock()
 		// Set before c's reader starts, which is the only one to read it.
-		c.noApprove = live && !c.tab
+		c.noApprove = c.noApprove || (live && !c.tab)
 		r.superseded.Add(1)
 		old.close(CloseSuperseded, "superseded")
 	}
@@ -327,6 +335,9 @@ func (r *Registry) connGone(c *conn, readErr error) {
 		r.trimClosedLocked()
 	}
 	r.mu.Unlock()
+	if mine && r.cl != nil {
+		r.cl.disown(s.tid)
+	}
 	if mine {
 		// Record the close (token → pending-resume with its grace) before
 		// the calls that were in flight on this socket fail, so that their

@@ -1,0 +1,218 @@
+package lapd_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lapd-dev/lapd"
+	"github.com/lapd-dev/lapd/internal/natstest"
+	"github.com/lapd-dev/lapd/lapdtest"
+)
+
+var clusterN atomic.Int64
+
+// nodes starts n lapd nodes on one in-process NATS server, each with its
+// own NATS connection, as n processes would be.
+func nodes(t *testing.T, n int) []*lapdtest.Server {
+	t.Helper()
+	ns := natstest.Start(t)
+	name := fmt.Sprintf("c%d", clusterN.Add(1))
+	var out []*lapdtest.Server
+	for i := range n {
+		s := lapdtest.NewServer(lapd.Config{NATSConn: ns.Connect(t), ClusterName: name, NodeID: fmt.Sprint("n", i), Grace: 5 * time.Second})
+		t.Cleanup(s.Close)
+		out = append(out, s)
+	}
+	return out
+}
+
+// The tab on node A, every LAP call through node B.
+func TestClusterCallsAcrossNodes(t *testing.T) {
+	t.Parallel()
+	ns := nodes(t, 2)
+	a, b := ns[0], ns[1]
+	ctx := ctxT(t)
+	tab, sess, err := a.Pair(ctx, lapdtest.WithApp(lapdtest.DemoApp()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	lapB := b.LAPURL()
+
+	st, _, body := post(t, lapB+"/observe", sess.Token, `{}`)
+	if st != 200 || body["state"] == nil {
+		t.Fatalf("observe via B = %d %v", st, body)
+	}
+	st, _, body = post(t, lapB+"/message", sess.Token, `{"msg":{"type":"inc"},"idempotencyKey":"k1"}`)
+	if st != 200 || body["status"] != "dispatched" {
+		t.Fatalf("message via B = %d %v", st, body)
+	}
+	// The same key through A: the tab de-duplicates, nothing runs twice.
+	st, _, body = post(t, a.LAPURL()+"/message", sess.Token, `{"msg":{"type":"inc"},"idempotencyKey":"k1"}`)
+	if st != 200 || body["status"] != "dispatched" {
+		t.Fatalf("retry via A = %d %v", st, body)
+	}
+	if n := tab.RPCCount("send_message"); n != 2 {
+		t.Fatalf("tab saw %d send_message frames, want 2 (one per node, de-duplicated by the tab)", n)
+	}
+	if s := fmt.Sprint(tab.State()); s != "map[count:1 todos:[]]" {
+		t.Fatalf("state = %s: the retried key ran twice", s)
+	}
+
+	// wait_for_change through B: the human changes the state on A's tab.
+	done := make(chan map[string]any, 1)
+	go func() {
+		_, _, body := post(t, lapB+"/wait", sess.Token, `{"timeoutMs":10000}`)
+		done <- body
+	}()
+	waitUntil(t, "the watch to reach the tab", func() bool { return tab.Watches() == 1 })
+	if err := tab.SetState(map[string]any{"count": 7, "todos": []any{}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case body := <-done:
+		if body["status"] != "changed" {
+			t.Fatalf("wait via B = %v", body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("wait via B did not return")
+	}
+
+	// narrate through B reaches the tab on A.
+	if st, _, body := post(t, lapB+"/narrate", sess.Token, `{"text":"hello from B"}`); st != 200 {
+		t.Fatalf("narrate via B = %d %v", st, body)
+	}
+	if _, err := tab.WaitFor(ctx, "log-push"); err != nil {
+		t.Fatal(err)
+	}
+	st, _, body = post(t, lapB+"/recent-actions", sess.Token, `{"n":5}`)
+	if entries, _ := body["entries"].([]any); st != 200 || len(entries) == 0 {
+		t.Fatalf("recent-actions via B = %d %v, want the ring kept on A", st, body)
+	}
+	if bs := b.Lapd.Stats().Pairing.Cluster; bs.Forwarded == 0 {
+		t.Fatalf("B forwarded nothing: %+v", bs)
+	}
+}
+
+// An approval proposed through B, answered in the tab on A, read on B;
+// then the tab moves to B (takeover) and a pending one is re-delivered.
+func TestClusterApprovalsAndTakeover(t *testing.T) {
+	t.Parallel()
+	ns := nodes(t, 2)
+	a, b := ns[0], ns[1]
+	ctx := ctxT(t)
+	app := lapdtest.DemoApp()
+	tab, sess, err := a.Pair(ctx, lapdtest.WithApp(app))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	res := make(chan map[string]any, 1)
+	go func() {
+		_, _, body := post(t, b.LAPURL()+"/message", sess.Token, `{"msg":{"type":"clearAll"},"timeoutMs":10000}`)
+		res <- body
+	}()
+	id, err := tab.WaitConfirm(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Approve(ctx, tab, id); err != nil {
+		t.Fatal(err)
+	}
+	if body := <-res; body["status"] != "confirmed" {
+		t.Fatalf("message via B after approval on A's tab = %v", body)
+	}
+
+	// A second approval, left pending (approvalTimeoutMs 0).
+	st, _, body := post(t, b.LAPURL()+"/message", sess.Token, `{"msg":{"type":"clearAll"},"approvalTimeoutMs":0}`)
+	if st != 200 || body["status"] != "pending-confirmation" {
+		t.Fatalf("message = %d %v", st, body)
+	}
+	pending := body["confirmId"].(string)
+
+	// The tab reconnects to B: A closes its socket with 4002.
+	tab2, err := lapdtest.Dial(ctx, b.WSURL(), sess.Token, lapdtest.WithTabSecret(sess.TabSecret), lapdtest.WithApp(app))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab2.Close()
+	select {
+	case <-tab.Done():
+		if c := tab.CloseStatus(); c != 4002 {
+			t.Fatalf("old socket closed with %d, want 4002 (superseded)", c)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the old node did not let go of the tab")
+	}
+	// B re-delivers the pending approval.
+	f, err := tab2.WaitFor(ctx, "confirm-sync")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(f.Raw), pending) {
+		t.Fatalf("confirm-sync = %s, want %s in it", f.Raw, pending)
+	}
+	// Calls through A now reach the tab on B.
+	waitUntil(t, "A to route to B", func() bool {
+		st, _, _ := post(t, a.LAPURL()+"/observe", sess.Token, `{}`)
+		return st == 200
+	})
+	if err := tab2.Approve(ctx, pending); err != nil {
+		t.Fatal(err)
+	}
+	st, _, body = post(t, a.LAPURL()+"/confirm-result", sess.Token, `{"confirmId":"`+pending+`","timeoutMs":5000}`)
+	if st != 200 || body["status"] != "confirmed" {
+		t.Fatalf("confirm-result via A = %d %v", st, body)
+	}
+	rec, err := b.Lapd.Tokens().Get(ctx, sess.TID)
+	if err != nil || rec.Status != "active" {
+		t.Fatalf("record after takeover = %+v, %v (the old node must not mark it pending-resume)", rec, err)
+	}
+}
+
+// The tab's node goes away: calls elsewhere answer paused, not an error,
+// and the tab re-pairs with another node inside the grace window.
+func TestClusterOwnerGone(t *testing.T) {
+	t.Parallel()
+	ns := nodes(t, 2)
+	a, b := ns[0], ns[1]
+	ctx := ctxT(t)
+	tab, sess, err := a.Pair(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	<-tab.Done()
+	st, hdr, body := post(t, b.LAPURL()+"/observe", sess.Token, `{}`)
+	if st != 503 || body["error"].(map[string]any)["code"] != "paused" || hdr.Get("Retry-After") == "" {
+		t.Fatalf("observe via B with no node holding the tab = %d %v", st, body)
+	}
+	tab2, err := sess.Pair(context.WithoutCancel(ctx), lapdtest.WithApp(lapdtest.DemoApp()))
+	if err == nil {
+		tab2.Close()
+		t.Fatal("dialled the closed node")
+	}
+	tab2, err = lapdtest.Dial(ctx, b.WSURL(), sess.Token, lapdtest.WithTabSecret(sess.TabSecret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab2.Close()
+	if st, _, body := post(t, b.LAPURL()+"/observe", sess.Token, `{}`); st != 200 {
+		t.Fatalf("observe after re-pair = %d %v", st, body)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond) // state on another node: no signal to await
+	}
+}

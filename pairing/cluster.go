@@ -1,0 +1,614 @@
+package pairing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/kvrep"
+)
+
+// # Several nodes (Config.Cluster)
+//
+// With Config.Cluster set, Registries of several lapd processes on one NATS
+// behave as one. The node that holds a tab's WebSocket owns its tid: it
+// subscribes to "<prefix>.tab.<tid>.*" in the queue group "owner" (so a
+// request reaches exactly one holder, even while a takeover is under way),
+// and every Registry method that finds no live socket here forwards to the
+// owner by NATS request/reply:
+//
+//	admit   the gate's paired? + the owner's per-tid rate limit (Hooks.OnAdmit);
+//	        the reply carries the hello generation and the tab's health
+//	hello   the cached hello (kept per tid here until the generation moves)
+//	call    one rpc, with the caller's timeout and deadline
+//	watch   a watch, until the caller's deadline
+//	push    a server→tab frame (log-push, confirm-expire, confirm-sync, active)
+//	log     the recent-log ring;  append  AppendLog;  health  Health
+//	unregister  drop the tab (revoke)
+//
+// No responders means no node holds the tab: ErrPaused, as for a tab that is
+// not connected here. An answer travels once: the owner answers each request
+// once, and the requester takes one reply. A call whose reply does not come
+// within its timeout (plus a margin for the hop) is ErrTimeout, and in doubt.
+//
+// A tab that connects to another node takes the tid over: the new owner
+// subscribes, then publishes "<prefix>.takeover"; the old owner, if alive,
+// closes its socket with 4002 (superseded), fails its in-flight calls with
+// ErrPaused (the caller's retry reaches the new owner) and leaves the token
+// record alone. A node that loses a socket marks the token pending-resume
+// only when no other node holds the tab by then.
+
+// clusterMargin is what a forwarded call may take beyond its own timeout
+// (the NATS hop both ways, the owner's scheduling).
+const clusterMargin = 2 * time.Second
+
+// maxRemote bounds the per-tid entries kept for tabs held by other nodes.
+const maxRemote = 4096
+
+// remoteFresh: how long an admit's health and generation are trusted.
+const remoteFresh = time.Second
+
+type cluster struct {
+	r      *Registry
+	nc     *nats.Conn
+	prefix string
+	node   string
+	in     chan *nats.Msg
+	tkSub  *nats.Subscription
+
+	mu     sync.Mutex
+	subs   map[string]*nats.Subscription // tids held here
+	remote map[string]*remoteTab         // tids held elsewhere (cache)
+
+	forwarded, noResponders, failures, served atomic.Int64
+}
+
+type remoteTab struct {
+	gen      uint64 // hello generation the owner reported last
+	at       time.Time
+	health   Health
+	hello    *Hello
+	helloGen uint64
+}
+
+// ClusterStats are the forwarder's counters (zero on a single node).
+type ClusterStats struct {
+	Forwarded    int64 // requests sent to another node
+	NoResponders int64 // … that found no node holding the tab (→ paused)
+	Failures     int64 // … that failed otherwise (timeout, NATS errors)
+	Served       int64 // requests from other nodes served here
+	Owned        int   // tids whose socket is here, subscribed
+}
+
+func newCluster(r *Registry, nc *nats.Conn, prefix, node string) (*cluster, error) {
+	if prefix == "" {
+		prefix = "lapd"
+	}
+	if node == "" {
+		node = newID()
+	}
+	c := &cluster{r: r, nc: nc, prefix: prefix, node: node, in: make(chan *nats.Msg, 4096),
+		subs: map[string]*nats.Subscription{}, remote: map[string]*remoteTab{}}
+	sub, err := nc.Subscribe(prefix+".takeover", c.onTakeover)
+	if err != nil {
+		return nil, err
+	}
+	c.tkSub = sub
+	r.wg.Add(1)
+	go c.serve()
+	return c, nil
+}
+
+func (c *cluster) subject(tid, op string) string {
+	return c.prefix + ".tab." + kvrep.Key(tid) + "." + op
+}
+
+// own subscribes to tid's subjects (a socket for tid is now here) and tells
+// the other nodes to let go of it.
+func (c *cluster) own(tid string) {
+	c.mu.Lock()
+	delete(c.remote, tid)
+	if _, ok := c.subs[tid]; !ok {
+		sub, err := c.nc.ChanQueueSubscribe(c.subject(tid, "*"), "owner", c.in)
+		if err != nil {
+			c.mu.Unlock()
+			c.r.cfg.Logger.Error("pairing: cluster: subscribing for a tab failed; other nodes cannot reach it", "tid", tid, "err", err)
+			return
+		}
+		c.subs[tid] = sub
+	}
+	c.mu.Unlock()
+	_ = c.nc.Publish(c.prefix+".takeover", []byte(c.node+" "+tid))
+	// One round trip: the server has the subscription before the tab gets
+	// its hello-ack, so a call made on another node right after pairing
+	// finds it.
+	if err := c.nc.FlushTimeout(2 * time.Second); err != nil {
+		c.r.cfg.Logger.Warn("pairing: cluster: NATS did not confirm the tab's subscription", "tid", tid, "err", err)
+	}
+}
+
+// disown unsubscribes from tid's subjects.
+func (c *cluster) disown(tid string) {
+	c.mu.Lock()
+	sub := c.subs[tid]
+	delete(c.subs, tid)
+	c.mu.Unlock()
+	if sub != nil {
+		_ = sub.Unsubscribe()
+	}
+}
+
+// liveElsewhere reports whether another node holds tid's socket now. Call
+// it after disown (this node no longer answers).
+func (c *cluster) liveElsewhere(tid string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	b, err := c.request(ctx, tid, "admit", []byte(`{"probe":true}`))
+	if err != nil {
+		return false
+	}
+	var a admitReply
+	return json.Unmarshal(b, &a) == nil && a.Paired
+}
+
+// onTakeover: another node now holds tid's socket. A live socket here is
+// closed with 4002; the token record is the new owner's.
+func (c *cluster) onTakeover(m *nats.Msg) {
+	node, tid, ok := strings.Cut(string(m.Data), " ")
+	if !ok || node == c.node {
+		return
+	}
+	c.mu.Lock()
+	delete(c.remote, tid)
+	c.mu.Unlock()
+	r := c.r
+	r.mu.Lock()
+	s := r.sessions[tid]
+	if s == nil || r.shutting {
+		r.mu.Unlock()
+		return
+	}
+	s.mu.Lock()
+	old := s.cur
+	var orphans pending
+	if old != nil {
+		s.cur = nil
+		orphans = s.takeAllLocked()
+	}
+	s.mu.Unlock()
+	if old != nil && !s.dropped && r.sessions[tid] == s && s.closedElem == nil {
+		s.closedAt = time.Now()
+		s.closedElem = r.closed.PushBack(s)
+		r.trimClosedLocked()
+	}
+	r.mu.Unlock()
+	if old == nil {
+		return
+	}
+	c.disown(tid)
+	r.superseded.Add(1)
+	old.close(CloseSuperseded, "superseded")
+	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": "superseded-elsewhere"}})
+	if h := r.hooks.Load(); h.OnClosed != nil {
+		h.OnClosed(tid)
+	}
+	orphans.fail(ErrPaused)
+}
+
+// serve runs the requests other nodes send to the tids held here, each on
+// its own goroutine (a call waits for the tab).
+func (c *cluster) serve() {
+	defer c.r.wg.Done()
+	for {
+		select {
+		case m := <-c.in:
+			c.r.wg.Add(1)
+			go func() {
+				defer c.r.wg.Done()
+				c.handle(m)
+			}()
+		case <-c.r.stop:
+			// Requests that arrived meanwhile: the tab is going away.
+			for {
+				select {
+				case m := <-c.in:
+					_ = m.Respond(errReply(ErrPaused, false))
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// close unsubscribes everything (Shutdown).
+func (c *cluster) close() {
+	_ = c.tkSub.Unsubscribe()
+	c.mu.Lock()
+	subs := c.subs
+	c.subs = map[string]*nats.Subscription{}
+	c.remote = map[string]*remoteTab{}
+	c.mu.Unlock()
+	for _, s := range subs {
+		_ = s.Unsubscribe()
+	}
+}
+
+// Replies: '0' + payload, or '1' + a JSON wireErr.
+type wireErr struct {
+	E      string `json:"e"` // paused | timeout | closed | busy | rpc | cancelled | other
+	Sent   bool   `json:"sent,omitempty"`
+	Code   string `json:"code,omitempty"`
+	Detail string `json:"detail,omitempty"`
+}
+
+func okReply(b []byte) []byte {
+	out := make([]byte, 0, len(b)+1)
+	return append(append(out, '0'), b...)
+}
+
+func errReply(err error, sent bool) []byte {
+	w := wireErr{E: "other", Sent: sent || errors.Is(err, ErrOutcomeUnknown), Detail: err.Error()}
+	var re *RPCError
+	switch {
+	case errors.As(err, &re):
+		w = wireErr{E: "rpc", Code: re.Code, Detail: re.Detail}
+	case errors.Is(err, ErrPaused):
+		w.E = "paused"
+	case errors.Is(err, ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		w.E = "timeout"
+	case errors.Is(err, ErrClosed):
+		w.E = "closed"
+	case errors.Is(err, ErrBusy):
+		w.E = "busy"
+	case errors.Is(err, context.Canceled):
+		w.E = "cancelled"
+	}
+	b, _ := json.Marshal(w)
+	return append([]byte{'1'}, b...)
+}
+
+// decodeReply turns a reply into the payload or the error the local call
+// would have returned. An owner that is shutting down means paused here:
+// the tab reconnects to another node.
+func decodeReply(b []byte) ([]byte, error) {
+	if len(b) == 0 {
+		return nil, errors.New("pairing: cluster: empty reply")
+	}
+	if b[0] == '0' {
+		return b[1:], nil
+	}
+	var w wireErr
+	if err := json.Unmarshal(b[1:], &w); err != nil {
+		return nil, errors.New("pairing: cluster: bad reply")
+	}
+	var err error
+	switch w.E {
+	case "rpc":
+		return nil, &RPCError{Code: w.Code, Detail: w.Detail}
+	case "paused", "closed":
+		err = ErrPaused
+	case "timeout":
+		err = ErrTimeout
+	case "busy":
+		err = ErrBusy
+	case "cancelled":
+		err = context.Canceled
+	default:
+		err = errors.New("pairing: cluster: " + w.Detail)
+	}
+	if w.Sent {
+		err = inDoubt{err}
+	}
+	return nil, err
+}
+
+// request sends op for tid to its owner and returns the reply payload, or
+// ErrPaused when no node holds the tab.
+func (c *cluster) request(ctx context.Context, tid, op string, data []byte) ([]byte, error) {
+	c.forwarded.Add(1)
+	m, err := c.nc.RequestWithContext(ctx, c.subject(tid, op), data)
+	switch {
+	case err == nil:
+		return decodeReply(m.Data)
+	case errors.Is(err, nats.ErrNoResponders):
+		c.noResponders.Add(1)
+		c.forgetRemote(tid)
+		return nil, ErrPaused
+	case ctx.Err() != nil:
+		c.failures.Add(1)
+		return nil, ctx.Err()
+	}
+	c.failures.Add(1)
+	if errors.Is(err, nats.ErrTimeout) {
+		return nil, ErrTimeout
+	}
+	c.r.cfg.Logger.Warn("pairing: cluster: forwarding to the tab's node failed", "tid", tid, "op", op, "err", err)
+	return nil, ErrPaused
+}
+
+// forgetRemote drops what this node kept about a tab held elsewhere.
+func (c *cluster) forgetRemote(tid string) {
+	c.mu.Lock()
+	_, had := c.remote[tid]
+	delete(c.remote, tid)
+	c.mu.Unlock()
+	if had {
+		c.r.remoteGone(tid)
+	}
+}
+
+func (c *cluster) remoteEntry(tid string) *remoteTab {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.remote[tid]
+	if e == nil {
+		if len(c.remote) >= maxRemote {
+			for k := range c.remote { // evict one at random
+				delete(c.remote, k)
+				defer c.r.remoteGone(k)
+				break
+			}
+		}
+		e = &remoteTab{}
+		c.remote[tid] = e
+	}
+	return e
+}
+
+type admitReply struct {
+	Paired  bool   `json:"paired"`
+	OK      bool   `json:"ok"`
+	RetryMs int64  `json:"retryMs,omitempty"`
+	Gen     uint64 `json:"gen"`
+	Health  Health `json:"health"`
+}
+
+// admit asks the owner whether tid is paired and may make a call now.
+func (c *cluster) admit(ctx context.Context, tid string) (paired bool, retryMs int64, err error) {
+	b, err := c.request(ctx, tid, "admit", nil)
+	if errors.Is(err, ErrPaused) {
+		return false, 0, nil
+	}
+	if err != nil {
+		return false, 0, err
+	}
+	var a admitReply
+	if err := json.Unmarshal(b, &a); err != nil {
+		return false, 0, err
+	}
+	if !a.Paired {
+		c.forgetRemote(tid)
+		return false, 0, nil
+	}
+	e := c.remoteEntry(tid)
+	c.mu.Lock()
+	e.gen, e.at, e.health = a.Gen, time.Now(), a.Health
+	c.mu.Unlock()
+	if !a.OK {
+		return true, max(a.RetryMs, 1), nil
+	}
+	return true, 0, nil
+}
+
+// hello returns tid's hello from its owner (cached until the owner reports
+// another generation).
+func (c *cluster) hello(tid string) (Hello, bool, error) {
+	c.mu.Lock()
+	if e := c.remote[tid]; e != nil && e.hello != nil && e.helloGen == e.gen && time.Since(e.at) < remoteFresh {
+		h := *e.hello
+		c.mu.Unlock()
+		return h, true, nil
+	}
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	b, err := c.request(ctx, tid, "hello", nil)
+	if err != nil {
+		return Hello{}, false, err
+	}
+	var hr struct {
+		Gen   uint64 `json:"gen"`
+		Hello *Hello `json:"hello"`
+	}
+	if err := json.Unmarshal(b, &hr); err != nil || hr.Hello == nil {
+		return Hello{}, false, err
+	}
+	e := c.remoteEntry(tid)
+	c.mu.Lock()
+	e.hello, e.helloGen = hr.Hello, hr.Gen
+	if hr.Gen != e.gen {
+		e.gen, e.at = hr.Gen, time.Now()
+	}
+	c.mu.Unlock()
+	return *hr.Hello, true, nil
+}
+
+type callReq struct {
+	Tool      string          `json:"tool,omitempty"`
+	Args      json.RawMessage `json:"args,omitempty"`
+	TimeoutMs int64           `json:"timeoutMs,omitempty"`
+	WaitMs    int64           `json:"waitMs,omitempty"` // the caller's deadline, from now; 0 = none
+	Path      string          `json:"path,omitempty"`
+	N         int             `json:"n,omitempty"`
+	Kind      string          `json:"kind,omitempty"`
+	Probe     bool            `json:"probe,omitempty"`
+}
+
+func waitMs(ctx context.Context) int64 {
+	if d, ok := ctx.Deadline(); ok {
+		return max(time.Until(d).Milliseconds(), 1)
+	}
+	return 0
+}
+
+func (c *cluster) call(ctx context.Context, tid, tool string, args any, timeout time.Duration) (json.RawMessage, error) {
+	a, err := marshalArgs(args)
+	if err != nil {
+		return nil, err
+	}
+	b, _ := json.Marshal(callReq{Tool: tool, Args: a, TimeoutMs: timeout.Milliseconds(), WaitMs: waitMs(ctx)})
+	rctx, cancel := context.WithTimeout(ctx, timeout+clusterMargin)
+	defer cancel()
+	res, err := c.request(rctx, tid, "call", b)
+	if err != nil {
+		var re *RPCError
+		if !errors.Is(err, ErrPaused) && !errors.Is(err, ErrBusy) && !errors.As(err, &re) && !errors.Is(err, ErrOutcomeUnknown) {
+			// The request left: the owner may have sent the frame.
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				err = ErrTimeout
+			}
+			err = inDoubt{err}
+		}
+		return nil, err
+	}
+	return res, nil
+}
+
+func (c *cluster) watch(ctx context.Context, tid, path string) (json.RawMessage, error) {
+	b, _ := json.Marshal(callReq{Path: path, WaitMs: waitMs(ctx)})
+	rctx := ctx
+	if d, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithDeadline(ctx, d.Add(clusterMargin))
+		defer cancel()
+	}
+	res, err := c.request(rctx, tid, "watch", b)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+		err = ErrTimeout
+	}
+	return res, err
+}
+
+func (c *cluster) simple(tid, op string, data []byte) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return c.request(ctx, tid, op, data)
+}
+
+// handle serves one request from another node against the local registry.
+func (c *cluster) handle(m *nats.Msg) {
+	c.served.Add(1)
+	subj := m.Subject
+	op := subj[strings.LastIndexByte(subj, '.')+1:]
+	rest := strings.TrimSuffix(strings.TrimPrefix(subj, c.prefix+".tab."), "."+op)
+	tid := kvrep.Unkey(rest)
+	r := c.r
+	var req callReq
+	if len(m.Data) > 0 {
+		if err := json.Unmarshal(m.Data, &req); err != nil && op != "push" && op != "append" {
+			_ = m.Respond(errReply(errors.New("bad request"), false))
+			return
+		}
+	}
+	ctx := context.Background()
+	if req.WaitMs > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.WaitMs)*time.Millisecond)
+		defer cancel()
+	}
+	respond := func(b []byte, err error) {
+		if err != nil {
+			_ = m.Respond(errReply(err, false))
+			return
+		}
+		_ = m.Respond(okReply(b))
+	}
+	if !r.holds(tid) && op != "unregister" {
+		respond(nil, ErrPaused)
+		return
+	}
+	switch op {
+	case "admit":
+		a := admitReply{Paired: true, OK: true}
+		if !req.Probe {
+			if h := r.hooks.Load(); h.OnAdmit != nil {
+				a.OK, a.RetryMs = h.OnAdmit(tid)
+			}
+		}
+		a.Gen, a.Health = r.helloGen(tid), r.Health(tid)
+		b, _ := json.Marshal(a)
+		respond(b, nil)
+	case "hello":
+		h, ok := r.Hello(tid)
+		var hp *Hello
+		if ok {
+			hp = &h
+		}
+		b, _ := json.Marshal(struct {
+			Gen   uint64 `json:"gen"`
+			Hello *Hello `json:"hello"`
+		}{r.helloGen(tid), hp})
+		respond(b, nil)
+	case "health":
+		b, _ := json.Marshal(r.Health(tid))
+		respond(b, nil)
+	case "call":
+		res, err := r.Call(ctx, tid, req.Tool, req.Args, time.Duration(req.TimeoutMs)*time.Millisecond)
+		respond(res, err)
+	case "watch":
+		res, err := r.Watch(ctx, tid, req.Path)
+		respond(res, err)
+	case "push":
+		respond(nil, r.Push(tid, json.RawMessage(m.Data)))
+	case "log":
+		b, _ := json.Marshal(r.RecentLog(tid, req.N, req.Kind))
+		respond(b, nil)
+	case "append":
+		respond(nil, r.AppendLog(tid, json.RawMessage(m.Data)))
+	case "unregister":
+		r.Unregister(tid)
+		respond(nil, nil)
+	default:
+		respond(nil, errors.New("unknown op "+strconv.Quote(op)))
+	}
+}
+
+// Stats returns the forwarder's counters.
+func (c *cluster) stats() ClusterStats {
+	c.mu.Lock()
+	owned := len(c.subs)
+	c.mu.Unlock()
+	return ClusterStats{Forwarded: c.forwarded.Load(), NoResponders: c.noResponders.Load(),
+		Failures: c.failures.Load(), Served: c.served.Load(), Owned: owned}
+}
+
+// marshalArgs turns Call's args into JSON bytes (json.RawMessage as is).
+func marshalArgs(args any) (json.RawMessage, error) {
+	switch v := args.(type) {
+	case json.RawMessage:
+		return v, nil
+	case nil:
+		return nil, nil
+	}
+	return json.Marshal(args)
+}
+
+// health returns tid's health from the last admit (fresh for a second), or
+// asks the owner.
+func (c *cluster) health(tid string) (Health, bool) {
+	c.mu.Lock()
+	if e := c.remote[tid]; e != nil && time.Since(e.at) < remoteFresh {
+		h := e.health
+		c.mu.Unlock()
+		return h, true
+	}
+	c.mu.Unlock()
+	b, err := c.simple(tid, "health", nil)
+	if err != nil {
+		return Health{}, false
+	}
+	var h Health
+	if json.Unmarshal(b, &h) != nil {
+		return Health{}, false
+	}
+	return h, true
+}

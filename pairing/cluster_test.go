@@ -1,0 +1,187 @@
+package pairing
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lapd-dev/lapd/internal/natstest"
+	"github.com/lapd-dev/lapd/tokens"
+)
+
+var clusterN atomic.Int64
+
+// clusterEnvs starts n registries (nodes) on one in-process NATS server,
+// sharing a token bucket, each with its own connection.
+func clusterEnvs(t *testing.T, n int) []*env {
+	t.Helper()
+	ns := natstest.Start(t)
+	name := fmt.Sprintf("p%d", clusterN.Add(1))
+	var out []*env
+	for i := range n {
+		nc := ns.Connect(t)
+		st, err := tokens.OpenNATS(t.Context(), nc, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		out = append(out, newEnv(t, func(c *Config, tc *tokens.Config) {
+			tc.Store = st
+			c.Cluster, c.ClusterPrefix, c.NodeID = nc, name, fmt.Sprint("n", i)
+		}))
+	}
+	return out
+}
+
+// answer makes tb answer the next rpc frame with result (or never, when
+// result is "").
+func (tb *tab) answerNext(result string) string {
+	f := tb.expect("rpc")
+	id := f["id"].(string)
+	if result != "" {
+		tb.send(map[string]any{"t": "rpc-reply", "id": id, "result": json.RawMessage(result)})
+	}
+	return id
+}
+
+func TestClusterCallForwarded(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2)
+	a, b := es[0], es[1]
+	tok, tid := a.mint("u")
+	tb := a.pair(tok)
+
+	paired, retry, err := b.reg.Admit(ctxT(t), tid)
+	if !paired || retry != 0 || err != nil {
+		t.Fatalf("B.Admit = %v %v %v, want paired", paired, retry, err)
+	}
+	done := make(chan error, 1)
+	var res json.RawMessage
+	go func() {
+		var err error
+		res, err = b.reg.Call(ctxT(t), tid, "get_state", map[string]any{"path": "/n"}, 0)
+		done <- err
+	}()
+	tb.answerNext(`{"n":1}`)
+	if err := recv(t, done); err != nil || string(res) != `{"n":1}` {
+		t.Fatalf("Call via B = %s, %v", res, err)
+	}
+	// The tab's rpc-error comes back as *RPCError, not in doubt.
+	go func() {
+		_, err := b.reg.Call(ctxT(t), tid, "x", nil, 0)
+		done <- err
+	}()
+	f := tb.expect("rpc")
+	tb.send(map[string]any{"t": "rpc-error", "id": f["id"], "code": "invalid", "detail": "no"})
+	var re *RPCError
+	if err := recv(t, done); !errors.As(err, &re) || re.Code != "invalid" || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("rpc-error via B = %v", err)
+	}
+	// A tab that never answers: ErrTimeout, in doubt, answered once.
+	go func() {
+		_, err := b.reg.Call(ctxT(t), tid, "slow", nil, 300*time.Millisecond)
+		done <- err
+	}()
+	tb.answerNext("")
+	if err := recv(t, done); !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("unanswered call via B = %v, want ErrTimeout in doubt", err)
+	}
+	// Push, Hello and RecentLog reach the owner.
+	if err := b.reg.Push(tid, map[string]any{"t": "log-push", "entry": map[string]any{"kind": "narrate"}}); err != nil {
+		t.Fatal(err)
+	}
+	tb.expect("log-push")
+	if st := b.reg.Stats().Cluster; st.Forwarded == 0 || a.reg.Stats().Cluster.Served == 0 {
+		t.Fatalf("stats: B %+v, A %+v", st, a.reg.Stats().Cluster)
+	}
+}
+
+// No node holds the tab: paused at once, and not in doubt (nothing left).
+func TestClusterNoResponders(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2)
+	_, tid := es[0].mint("u")
+	start := time.Now()
+	_, err := es[1].reg.Call(ctxT(t), tid, "get_state", nil, 0)
+	if !errors.Is(err, ErrPaused) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("Call for an unpaired tid = %v, want ErrPaused, not in doubt", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v: no responders should answer at once", d)
+	}
+	if paired, _, err := es[1].reg.Admit(ctxT(t), tid); paired || err != nil {
+		t.Fatalf("Admit = %v, %v", paired, err)
+	}
+	if es[1].reg.Stats().Cluster.NoResponders == 0 {
+		t.Fatal("no-responders not counted")
+	}
+}
+
+// The per-tid rate limit is decided by the owner's OnAdmit.
+func TestClusterAdmitOnOwner(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2)
+	a, b := es[0], es[1]
+	var asked atomic.Int32
+	h := *a.reg.hooks.Load()
+	h.OnAdmit = func(string) (bool, int64) { asked.Add(1); return false, 1500 }
+	a.reg.SetHooks(h)
+	tok, tid := a.mint("u")
+	a.pair(tok)
+	paired, retry, err := b.reg.Admit(ctxT(t), tid)
+	if !paired || retry != 1500 || err != nil || asked.Load() != 1 {
+		t.Fatalf("Admit via B = %v %v %v (owner asked %d times)", paired, retry, err, asked.Load())
+	}
+}
+
+// A socket for the same tid on another node takes over: the old one is
+// closed with 4002, its in-flight call fails paused (in doubt), the record
+// stays the new owner's, and calls follow the tab.
+func TestClusterTakeover(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2)
+	a, b := es[0], es[1]
+	tok, tid := a.mint("u")
+	old := a.pair(tok)
+	inflight := make(chan error, 1)
+	go func() {
+		_, err := a.reg.Call(ctxT(t), tid, "slow", nil, 10*time.Second)
+		inflight <- err
+	}()
+	old.expect("rpc")
+
+	nw := b.pair(tok)
+	if st := recv(t, old.doneStatus()); st != CloseSuperseded {
+		t.Fatalf("old socket closed with %d, want %d", st, CloseSuperseded)
+	}
+	if err := recv(t, inflight); !errors.Is(err, ErrPaused) || !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("in-flight call on the old node = %v, want paused in doubt", err)
+	}
+	rec, err := a.tm.Get(ctxT(t), tid)
+	if err != nil || rec.Status == tokens.StatusPendingResume {
+		t.Fatalf("record after takeover = %+v, %v: the old node marked it pending-resume", rec, err)
+	}
+	// A now forwards to B.
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.reg.Call(ctxT(t), tid, "get_state", nil, 0)
+		done <- err
+	}()
+	nw.answerNext(`{}`)
+	if err := recv(t, done); err != nil {
+		t.Fatalf("Call via A after takeover = %v", err)
+	}
+}
+
+// doneStatus reports the close code once tb's connection ends.
+func (tb *tab) doneStatus() <-chan int {
+	ch := make(chan int, 1)
+	go func() {
+		<-tb.done
+		ch <- int(tb.closeStatus())
+	}()
+	return ch
+}
