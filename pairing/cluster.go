@@ -14,6 +14,7 @@ import (
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/internal/kvrep"
+	"github.com/lapd-dev/lapd/tokens"
 )
 
 // # Several nodes (Config.Cluster)
@@ -157,6 +158,22 @@ func (c *cluster) liveElsewhere(tid string) bool {
 	}
 	var a admitReply
 	return json.Unmarshal(b, &a) == nil && a.Paired
+}
+
+// orphaned handles a tab whose node died (kill -9, power loss): its record
+// is still active, and no node holds its socket. Before the tab is
+// accepted here it is moved to pending-resume (with a fresh grace), so the
+// accept is a re-pair, as after any drop: {t:'active'} at once and the
+// pending approvals re-delivered. The cluster's answer to AfterRestart,
+// per tab.
+func (c *cluster) orphaned(ctx context.Context, token string) {
+	rec, err := c.r.cfg.Tokens.Verify(ctx, token)
+	if err != nil || rec.Status != tokens.StatusActive || c.r.holds(rec.TID) || c.liveElsewhere(rec.TID) {
+		return
+	}
+	if _, err := c.r.cfg.Tokens.Disconnected(ctx, rec.TID); err != nil {
+		c.r.cfg.Logger.Warn("pairing: cluster: marking an orphaned session pending-resume failed", "tid", rec.TID, "err", err)
+	}
 }
 
 // onTakeover: another node now holds tid's socket. A live socket here is

@@ -204,6 +204,9 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	ctx := req.Context()
+	if r.cl != nil {
+		r.cl.orphaned(ctx, token)
+	}
 	rec, repair, err := r.cfg.Tokens.AcceptTab(ctx, token, protocolValue(req, TabProtocolPrefix))
 	switch {
 	case errors.Is(err, tokens.ErrTabSecret):

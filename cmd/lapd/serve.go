@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"golang.org/x/time/rate"
 
 	"github.com/lapd-dev/lapd"
@@ -60,6 +61,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	}
 	log.Info("lapd listening on "+base, "data_dir", dataDirOrMemory(c), "anonymous_mint", lcfg.AllowAnonymous,
 		"demo", c.Demo, "mcp", c.MCP, "origins", origins)
+	if c.NATS != "" {
+		log.Info("cluster node", "node", lcfg.NodeID, "cluster", c.ClusterName, "nats", redactURL(c.NATS))
+	}
 	if !lcfg.AllowAnonymous && lcfg.Identity == nil {
 		log.Warn("anonymous mint is off and no identity is configured: nobody can mint a token", "fix", "--allow-anonymous true, or --identity-cookie / --jwt-cookie / --jwt-header")
 	}
@@ -162,6 +166,20 @@ func printBanner(w io.Writer, c serveConfig, lcfg lapd.Config, urls []string) {
 	fmt.Fprintln(w)
 }
 
+// redactURL drops user info (credentials) from NATS URLs for the log.
+func redactURL(list string) string {
+	var out []string
+	for _, u := range splitList(list) {
+		if at := strings.LastIndex(u, "@"); at >= 0 {
+			if i := strings.Index(u, "://"); i >= 0 && i < at {
+				u = u[:i+3] + "…@" + u[at+1:]
+			}
+		}
+		out = append(out, u)
+	}
+	return strings.Join(out, ",")
+}
+
 func dataDirOrMemory(c serveConfig) string {
 	if c.Store == "memory" {
 		return "(memory)"
@@ -197,6 +215,25 @@ func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config,
 	}
 	if c.Store == "memory" {
 		acfg.DataDir = ""
+	}
+	if c.NATS != "" {
+		acfg.Store = "nats"
+		acfg.NATSURL = c.NATS
+		acfg.ClusterName = c.ClusterName
+		acfg.NodeID = c.NodeID
+		if acfg.NodeID == "" {
+			host, _ := os.Hostname()
+			acfg.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
+		}
+		if c.NATSCreds != "" {
+			acfg.NATSOptions = append(acfg.NATSOptions, nats.UserCredentials(c.NATSCreds))
+		}
+		if c.NATSCA != "" {
+			acfg.NATSOptions = append(acfg.NATSOptions, nats.RootCAs(c.NATSCA))
+		}
+		if c.NATSCert != "" {
+			acfg.NATSOptions = append(acfg.NATSOptions, nats.ClientCert(c.NATSCert, c.NATSKey))
+		}
 	}
 	switch c.AllowAnonymous {
 	case "true":

@@ -38,6 +38,14 @@ type serveConfig struct {
 	ShutdownTimeout time.Duration
 	MaxKeptMiB      int
 
+	NATS        string // cluster: NATS URL(s), comma-separated
+	NATSCreds   string
+	NATSCA      string
+	NATSCert    string
+	NATSKey     string
+	ClusterName string
+	NodeID      string
+
 	IdentityCookie    string
 	IdentityCookieKey string
 	JWTCookie         string
@@ -77,6 +85,13 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.String(&c.Tools, "tools", "core", "MCP tools listed at /agent/mcp: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
 	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.Int(&c.MaxKeptMiB, "max-kept-mib", 512, "ceiling in MiB of session data kept in memory (log rings, hellos, kept outcomes, idempotent results, compiled policies); over it lapd sheds the heaviest sessions' oldest data and logs it")
+	fs.String(&c.NATS, "nats", "", "join a cluster: NATS server URL(s), comma-separated (nats://host:4222); tokens and approvals then live in JetStream KV and every node serves every tab (docs/CLUSTER.md)")
+	fs.String(&c.NATSCreds, "nats-creds", "", "NATS credentials file (JWT + nkey), for --nats")
+	fs.String(&c.NATSCA, "nats-ca", "", "PEM file of the CA that signed the NATS server's certificate, for --nats with TLS")
+	fs.String(&c.NATSCert, "nats-cert", "", "PEM client certificate for NATS mutual TLS (with --nats-key)")
+	fs.String(&c.NATSKey, "nats-key", "", "PEM client key for NATS mutual TLS (with --nats-cert)")
+	fs.String(&c.ClusterName, "cluster-name", "lapd", "prefix of the NATS subjects and KV buckets: every node of one cluster uses the same; two clusters on one NATS use different ones")
+	fs.String(&c.NodeID, "node-id", "", "this node's name in logs and NATS connection names; default host-pid")
 	fs.String(&c.IdentityCookie, "identity-cookie", "", "name of a signed cookie <uid>.<base64url(HMAC-SHA256(key, uid))> that names the user for mint")
 	fs.String(&c.IdentityCookieKey, "identity-cookie-key", "", "HMAC key for --identity-cookie (at least 32 characters)")
 	fs.String(&c.JWTCookie, "jwt-cookie", "", "cookie holding the host app's login JWT (names the user for mint)")
@@ -98,6 +113,20 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	case "auto", "true", "false":
 	default:
 		return c, usageError{"--allow-anonymous must be auto, true or false, not " + c.AllowAnonymous}
+	}
+	if (c.NATSCert == "") != (c.NATSKey == "") {
+		return c, usageError{"--nats-cert and --nats-key go together"}
+	}
+	if c.NATS == "" && (c.NATSCreds != "" || c.NATSCA != "" || c.NATSCert != "") {
+		return c, usageError{"--nats-creds, --nats-ca and --nats-cert need --nats"}
+	}
+	if c.NATS != "" && c.Store == "memory" {
+		return c, usageError{"--store memory cannot be shared by a cluster: with --nats, tokens and approvals live in NATS (drop --store)"}
+	}
+	for _, r := range c.ClusterName {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return c, usageError{fmt.Sprintf("--cluster-name %q: use letters, digits, - and _ only", c.ClusterName)}
+		}
 	}
 	if c.MaxKeptMiB < 16 {
 		return c, usageError{"--max-kept-mib must be at least 16"}
