@@ -212,13 +212,16 @@ func (f *flagSet) suggest(name string) []string {
 	var cs []cand
 	f.VisitAll(func(fl *flag.Flag) {
 		d := editDistance(name, fl.Name)
-		if d <= 2 || (len(name) >= 3 && strings.HasPrefix(fl.Name, name)) {
+		if len(name) >= 3 && strings.HasPrefix(fl.Name, name) {
+			d = 0 // --data is --data-dir cut short, not a typo of --nats
+		}
+		if d <= 2 {
 			cs = append(cs, cand{fl.Name, d})
 		}
 	})
 	sort.SliceStable(cs, func(i, j int) bool { return cs[i].d < cs[j].d })
 	for _, c := range cs {
-		if len(out) >= 3 {
+		if len(out) >= 3 || c.d > cs[0].d+1 {
 			break
 		}
 		add(c.name)

@@ -67,6 +67,11 @@ func TestServeFlagsRefuseBadInput(t *testing.T) {
 		{[]string{"--origins", "https://ok.example,ftp://a.example"}, nil, `"ftp://a.example" is not an origin: the scheme must be http or https`},
 		{[]string{"--origins", "http://*.example"}, nil, "wildcards"},
 		{[]string{"--origins", "http://a.example:99999"}, nil, "port"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--store", "memory"}, nil, "--store memory cannot be shared by a cluster"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--nats-cert", "c.pem"}, nil, "--nats-cert and --nats-key go together"},
+		{[]string{"--nats-creds", "x.creds"}, nil, "need --nats"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--cluster-name", "a.b"}, nil, `--cluster-name "a.b": use letters`},
+		{nil, map[string]string{"LAPD_NATS_CA": "ca.pem"}, "need --nats"},
 	} {
 		_, err := parseServeFlags(tc.args, io.Discard, envMap(tc.env))
 		var ue usageError
