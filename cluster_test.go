@@ -2,11 +2,16 @@ package lapd_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	mcpclient "github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/lapd-dev/lapd"
 	"github.com/lapd-dev/lapd/internal/natstest"
@@ -215,4 +220,78 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond) // state on another node: no signal to await
 	}
+}
+
+// A modern MCP client (no MCP session) connects on node A and carries on
+// with the handle on node B: bindings live in the cluster's bucket.
+func TestClusterMCPHandleOnAnyNode(t *testing.T) {
+	t.Parallel()
+	ns := nodes(t, 2)
+	a, b := ns[0], ns[1]
+	ctx := ctxT(t)
+	tab, sess, err := a.Pair(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	ca, cb := mcpModern(t, a.MCPURL()), mcpModern(t, b.MCPURL())
+	res := mcpCallTool(t, ca, "connect_session", map[string]any{"line": sess.ConnectLine()})
+	handle, _ := res["session"].(string)
+	if !strings.HasPrefix(handle, "s_") {
+		t.Fatalf("connect_session on A: %v", res)
+	}
+	obs := mcpCallTool(t, cb, "observe", map[string]any{"session": handle})
+	if obs["state"] == nil {
+		t.Fatalf("observe on B with A's handle: %v", obs)
+	}
+	// A made-up handle is still unknown on B.
+	if r := mcpCallTool(t, cb, "observe", map[string]any{"session": "s_aaaaaaaaaaaaaaaa"}); r["state"] != nil {
+		t.Fatalf("observe with an unknown handle: %v", r)
+	}
+}
+
+func mcpModern(t *testing.T, url string) *mcpclient.Client {
+	t.Helper()
+	tr, err := transport.NewStreamableHTTP(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mcpclient.NewClient(tr)
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	init := mcpgo.InitializeRequest{}
+	init.Params.ProtocolVersion = mcpgo.LATEST_PROTOCOL_VERSION
+	init.Params.ClientInfo = mcpgo.Implementation{Name: "cluster-test", Version: "1"}
+	if _, err := c.Initialize(ctxT(t), init); err != nil {
+		t.Fatal(err)
+	}
+	if !mcpgo.IsModernProtocol(c.ProtocolVersion()) {
+		t.Fatalf("negotiated %q, want the modern era", c.ProtocolVersion())
+	}
+	return c
+}
+
+// mcpCallTool calls a tool and returns its structured content (or the text
+// of an error result under "error").
+func mcpCallTool(t *testing.T, c *mcpclient.Client, name string, args map[string]any) map[string]any {
+	t.Helper()
+	req := mcpgo.CallToolRequest{}
+	req.Params.Name, req.Params.Arguments = name, args
+	r, err := c.CallTool(ctxT(t), req)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	out := map[string]any{}
+	if m, ok := r.StructuredContent.(map[string]any); ok {
+		out = m
+	} else if r.StructuredContent != nil {
+		b, _ := json.Marshal(r.StructuredContent)
+		_ = json.Unmarshal(b, &out)
+	}
+	if r.IsError {
+		out["isError"] = true
+	}
+	return out
 }

@@ -150,8 +150,17 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		if version == "" {
 			version = Version()
 		}
+		var bcfg mcp.BindingsConfig
+		if s.nc != nil {
+			shared, err := openNATSBindings(ctx, s.nc, s.cluster+"_mcp")
+			if err != nil {
+				return nil, err
+			}
+			bcfg.Shared = shared
+		}
 		if s.mcp, err = mcp.NewHTTPHandler(mcp.HTTPConfig{
-			Config:         mcp.Config{Client: s.lap.Client(), Tools: cfg.MCPTools, Logger: s.log.With("component", "mcp"), Name: "lapd", Version: version},
+			Config: mcp.Config{Client: s.lap.Client(), Tools: cfg.MCPTools, Logger: s.log.With("component", "mcp"), Name: "lapd", Version: version,
+				Bindings: bcfg},
 			AllowedOrigins: cfg.Origins,
 			AllowedHosts:   s.servedHosts(),
 			TrustProxy:     cfg.TrustProxy,

@@ -1,6 +1,7 @@
 package mcp
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
@@ -52,7 +53,25 @@ type BindingsConfig struct {
 	MaxBindingsPerToken int              // per bearer; default 8
 	IdleTTL             time.Duration    // a binding unused this long is dropped; default 30 min
 	Now                 func() time.Time // clock; default time.Now
+	// Shared, if set, makes handles work on every node of a cluster: a
+	// handle this table does not hold is looked up there (a modern HTTP
+	// client's next call may reach any node). nil = this process only.
+	Shared SharedBindings
 }
+
+// SharedBindings keeps bindings where the other nodes of a cluster find
+// them. The handle is the capability: an implementation must not make the
+// token readable to whoever lacks the handle (lapd's encrypts it with a
+// key derived from the handle). Calls may block on the network; they are
+// never made with the table's lock held.
+type SharedBindings interface {
+	Put(ctx context.Context, handle, base, token string) error
+	Get(ctx context.Context, handle string) (base, token string, ok bool, err error)
+	Delete(ctx context.Context, handle string) error
+}
+
+// sharedTimeout bounds a SharedBindings call.
+const sharedTimeout = 5 * time.Second
 
 // Errors returned by Bindings lookups. The executor turns them into
 // model-facing messages (errors.go).
@@ -114,6 +133,16 @@ func tokenKey(token string) string {
 // the least recently used binding of the same token, then of the same scope,
 // then of the whole table.
 func (t *Bindings) Bind(scope, base, token string) Binding {
+	b, fresh := t.bind(scope, base, token)
+	if fresh && t.cfg.Shared != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), sharedTimeout)
+		_ = t.cfg.Shared.Put(ctx, b.Handle, b.Base, b.Token) // without it the handle works on this node only
+		cancel()
+	}
+	return b
+}
+
+func (t *Bindings) bind(scope, base, token string) (Binding, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.cfg.Now()
@@ -122,7 +151,7 @@ func (t *Bindings) Bind(scope, base, token string) Binding {
 	for _, b := range t.m {
 		if b.Scope == scope && b.Base == base && b.TokenKey == key && b.Token == token {
 			b.LastUsed = now
-			return *b
+			return *b, false
 		}
 	}
 	t.evictLocked(func(b *Binding) bool { return b.TokenKey == key }, t.cfg.MaxBindingsPerToken-1)
@@ -133,7 +162,7 @@ func (t *Bindings) Bind(scope, base, token string) Binding {
 		b.Handle = newHandle()
 	}
 	t.m[b.Handle] = b
-	return *b
+	return *b, true
 }
 
 // evictLocked removes least-recently-used bindings matching match until at
@@ -168,6 +197,37 @@ func (t *Bindings) sweepLocked(now time.Time) {
 // session) never gets a default. On ErrAmbiguous the visible bindings are
 // returned so the error can list them.
 func (t *Bindings) Resolve(scope, handle string) (Binding, []BindingSummary, error) {
+	b, vis, err := t.resolve(scope, handle)
+	if !errors.Is(err, ErrUnknownSession) || t.cfg.Shared == nil {
+		return b, vis, err
+	}
+	// Bound on another node of the cluster?
+	ctx, cancel := context.WithTimeout(context.Background(), sharedTimeout)
+	base, token, ok, serr := t.cfg.Shared.Get(ctx, handle)
+	cancel()
+	if serr != nil || !ok {
+		return b, vis, err
+	}
+	t.adopt(handle, base, token)
+	return t.resolve(scope, handle)
+}
+
+// adopt holds a binding made on another node, under its handle. It gets no
+// scope: only its handle names it here.
+func (t *Bindings) adopt(handle, base, token string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m[handle] != nil {
+		return
+	}
+	now := t.cfg.Now()
+	key := tokenKey(token)
+	t.evictLocked(func(b *Binding) bool { return b.TokenKey == key }, t.cfg.MaxBindingsPerToken-1)
+	t.evictLocked(func(*Binding) bool { return true }, t.cfg.MaxBindings-1)
+	t.m[handle] = &Binding{Handle: handle, Base: base, Token: token, TokenKey: key, CreatedAt: now, LastUsed: now}
+}
+
+func (t *Bindings) resolve(scope, handle string) (Binding, []BindingSummary, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.cfg.Now()
@@ -232,9 +292,14 @@ func (t *Bindings) Update(handle string, fn func(*Binding)) {
 // Remove deletes one binding and reports whether it existed.
 func (t *Bindings) Remove(handle string) bool {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	_, ok := t.m[handle]
 	delete(t.m, handle)
+	t.mu.Unlock()
+	if t.cfg.Shared != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), sharedTimeout)
+		_ = t.cfg.Shared.Delete(ctx, handle)
+		cancel()
+	}
 	return ok
 }
 
