@@ -14,6 +14,7 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/lapd-dev/lapd"
+	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/internal/natstest"
 	"github.com/lapd-dev/lapd/lapdtest"
 )
@@ -24,21 +25,27 @@ var clusterN atomic.Int64
 // own NATS connection, as n processes would be.
 func nodes(t *testing.T, n int) []*lapdtest.Server {
 	t.Helper()
+	_, _, out := nodesOn(t, n)
+	return out
+}
+
+func nodesOn(t *testing.T, n int) (*natstest.Server, string, []*lapdtest.Server) {
+	t.Helper()
 	ns := natstest.Start(t)
 	name := fmt.Sprintf("c%d", clusterN.Add(1))
 	var out []*lapdtest.Server
 	for i := range n {
-		s := lapdtest.NewServer(lapd.Config{NATSConn: ns.Connect(t), ClusterName: name, NodeID: fmt.Sprint("n", i), Grace: 5 * time.Second})
+		s := lapdtest.NewServer(lapd.Config{NATSConn: ns.Connect(t), ClusterName: name, NodeID: fmt.Sprint("n", i), Grace: 5 * time.Second, AuditNATS: true})
 		t.Cleanup(s.Close)
 		out = append(out, s)
 	}
-	return out
+	return ns, name, out
 }
 
 // The tab on node A, every LAP call through node B.
 func TestClusterCallsAcrossNodes(t *testing.T) {
 	t.Parallel()
-	ns := nodes(t, 2)
+	nats, name, ns := nodesOn(t, 2)
 	a, b := ns[0], ns[1]
 	ctx := ctxT(t)
 	tab, sess, err := a.Pair(ctx, lapdtest.WithApp(lapdtest.DemoApp()))
@@ -100,6 +107,30 @@ func TestClusterCallsAcrossNodes(t *testing.T) {
 	}
 	if bs := b.Lapd.Stats().Pairing.Cluster; bs.Forwarded == 0 {
 		t.Fatalf("B forwarded nothing: %+v", bs)
+	}
+
+	// The cluster's audit trail holds both nodes' entries: the dispatch
+	// recorded on B, the tab's log-appends recorded on A.
+	a.Close()
+	b.Close()
+	q, closer, err := lapd.OpenClusterAudit(ctx, nats.URL(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	es, err := q.Query(ctx, audit.Filter{TID: sess.TID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, e := range es {
+		seen[e.Event] = true
+		if e.Event == audit.EventLapCall && e.Detail["source"] == "client-log" {
+			seen["client-log"] = true
+		}
+	}
+	if !seen[audit.EventMsgDispatched] || !seen["client-log"] || !seen[audit.EventMint] {
+		t.Fatalf("cluster audit for the session: %v", seen)
 	}
 }
 

@@ -56,7 +56,8 @@ type Config struct {
 	AuditSinks  []audit.Sink // your own sinks (closed by Shutdown)
 	AuditFile   string       // JSONL file sink at this path
 	AuditStdout bool         // JSONL on stdout
-	AuditSQLite bool         // audit_entries table in lapd.db (needs the sqlite store)
+	AuditSQLite bool         // audit_entries table in lapd.db (needs the sqlite store, or a DataDir in a cluster)
+	AuditNATS   bool         // the cluster's JetStream stream "<ClusterName>_audit" (needs NATSURL or NATSConn)
 
 	// Who may mint. Identity names the human behind a meta request (mint,
 	// resume, revoke, sessions) from the host app's own session: wrap your

@@ -48,6 +48,7 @@ type Server struct {
 	db      *sql.DB
 	closers []io.Closer
 	nc      *nats.Conn // the cluster's NATS connection; nil on a single node
+	ownNC   bool       // opened from NATSURL: closed last
 	cluster string     // Config.ClusterName or "lapd"
 
 	shutOnce sync.Once
@@ -87,7 +88,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	sinks, err := s.openAuditSinks(cfg)
+	sinks, err := s.openAuditSinks(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -335,6 +336,10 @@ func (s *Server) closeAll() error {
 			errs = append(errs, err)
 		}
 		s.db = nil
+	}
+	if s.ownNC && s.nc != nil {
+		s.nc.Close()
+		s.nc = nil
 	}
 	return errors.Join(errs...)
 }

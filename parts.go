@@ -146,8 +146,7 @@ func (s *Server) openCluster(cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("lapd: connecting to NATS at %s: %w", cfg.NATSURL, err)
 		}
-		s.nc = nc
-		s.closers = append(s.closers, closerFunc(func() error { nc.Close(); return nil }))
+		s.nc, s.ownNC = nc, true // closed by closeAll, after audit
 	}
 	return nil
 }
@@ -160,7 +159,7 @@ func (keepOpen) Close() error { return nil }
 
 // openAuditSinks returns cfg.AuditSinks plus the sinks cfg names (stdout,
 // a JSONL file, the audit_entries table in lapd.db).
-func (s *Server) openAuditSinks(cfg Config) ([]audit.Sink, error) {
+func (s *Server) openAuditSinks(ctx context.Context, cfg Config) ([]audit.Sink, error) {
 	sinks := append([]audit.Sink(nil), cfg.AuditSinks...)
 	if cfg.AuditStdout {
 		sinks = append(sinks, audit.NewJSONLSink(os.Stdout))
@@ -171,6 +170,18 @@ func (s *Server) openAuditSinks(cfg Config) ([]audit.Sink, error) {
 			return nil, fmt.Errorf("lapd: audit file: %w", err)
 		}
 		sinks = append(sinks, fs)
+	}
+	if cfg.AuditNATS {
+		if s.nc == nil {
+			closeSinks(sinks[len(cfg.AuditSinks):])
+			return nil, errors.New("lapd: AuditNATS needs a cluster (NATSURL or NATSConn)")
+		}
+		ns, err := audit.OpenNATSSink(ctx, s.nc, audit.NATSSinkConfig{Prefix: s.cluster, Logger: s.log})
+		if err != nil {
+			closeSinks(sinks[len(cfg.AuditSinks):])
+			return nil, fmt.Errorf("lapd: audit stream: %w", err)
+		}
+		sinks = append(sinks, ns)
 	}
 	if cfg.AuditSQLite {
 		if s.db == nil {
@@ -191,6 +202,25 @@ func closeSinks(sinks []audit.Sink) {
 	for _, k := range sinks {
 		k.Close()
 	}
+}
+
+// OpenClusterAudit opens for reading the audit stream every node of a
+// cluster writes (Config.AuditNATS), as `lapd audit --nats` reads it.
+// Close the Closer when done.
+func OpenClusterAudit(ctx context.Context, natsURL, clusterName string, opts ...nats.Option) (audit.Querier, io.Closer, error) {
+	nc, err := nats.Connect(natsURL, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("lapd: connecting to NATS at %s: %w", natsURL, err)
+	}
+	if clusterName == "" {
+		clusterName = "lapd"
+	}
+	q, err := audit.OpenNATSSink(ctx, nc, audit.NATSSinkConfig{Prefix: clusterName})
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("lapd: %w", err)
+	}
+	return q, closerFunc(func() error { q.Close(); nc.Close(); return nil }), nil
 }
 
 // OpenAudit opens for reading the audit entries a lapd with this DataDir

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/natstest"
 )
 
 // querySink is a sink that can read back what it stored.
@@ -20,6 +21,14 @@ type querySink interface {
 }
 
 var querySinks = map[string]func(t *testing.T) querySink{
+	"nats-stream": func(t *testing.T) querySink {
+		nc := natstest.Start(t).Connect(t)
+		s, err := audit.OpenNATSSink(t.Context(), nc, audit.NATSSinkConfig{Prefix: "q"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	},
 	"jsonl-file": func(t *testing.T) querySink {
 		s, err := audit.OpenJSONLFile(filepath.Join(t.TempDir(), "audit.jsonl"))
 		if err != nil {

@@ -194,7 +194,29 @@ wait:
 		}
 	}
 	t.Logf("rolling restart: %d calls acknowledged, %d in doubt, %d retries; board has %d tasks", len(acked), len(unknown), load.retries.Load(), len(titles))
-	_ = tid
+
+	// 5. One audit trail for the cluster: lapd audit --nats reads what
+	// every node recorded for the session (the killed node's entries up to
+	// the kill included).
+	out, err := exec.Command(lapdBin, "audit", "--nats", natsURL, "--tid", tid, "--limit", "0", "--format", "json").CombinedOutput()
+	if err != nil {
+		t.Fatalf("lapd audit --nats: %v\n%s", err, out)
+	}
+	events := map[string]int{}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var e struct{ Event string }
+		if json.Unmarshal([]byte(l), &e) == nil {
+			events[e.Event]++
+		}
+	}
+	for _, ev := range []string{"mint", "confirm-proposed", "confirm-approved", "confirm-rejected", "msg-dispatched", "disconnect"} {
+		if events[ev] == 0 {
+			t.Errorf("lapd audit --nats has no %s entry for the session: %v", ev, events)
+		}
+	}
+	if events["msg-dispatched"] < len(acked) {
+		t.Errorf("lapd audit --nats: %d msg-dispatched entries, want at least the %d acknowledged", events["msg-dispatched"], len(acked))
+	}
 }
 
 // waitCond polls cond (state in other processes: no signal to await).

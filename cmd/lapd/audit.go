@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/lapd-dev/lapd"
 	"github.com/lapd-dev/lapd/audit"
 )
@@ -22,11 +24,15 @@ import (
 // runAudit is `lapd audit`: print and filter audit entries from the SQLite
 // database in --data-dir (the default sink of `lapd serve`) or a JSONL file.
 func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) error {
-	var dataDir, file, tid, event, since, until, format string
+	var dataDir, file, natsURL, clusterName, natsCreds, natsCA, tid, event, since, until, format string
 	var limit int
 	fs := newFlagSet("lapd audit", stdout, env)
 	fs.String(&dataDir, "data-dir", "lapd-data", "data directory of lapd serve (reads lapd.db)")
 	fs.StringVar(&file, "file", "", "read a JSONL audit file (from --audit file:PATH) instead of the database")
+	fs.String(&natsURL, "nats", "", "read the whole cluster's audit stream from this NATS server instead of one node's database")
+	fs.String(&clusterName, "cluster-name", "lapd", "the cluster's --cluster-name (with --nats)")
+	fs.String(&natsCreds, "nats-creds", "", "NATS credentials file (with --nats)")
+	fs.String(&natsCA, "nats-ca", "", "PEM CA of the NATS server's certificate (with --nats)")
 	fs.StringVar(&tid, "tid", "", "only entries of this session id")
 	fs.StringVar(&event, "event", "", "only these events, comma-separated; a glob such as 'confirm-*' matches several (events: "+strings.Join(audit.Events(), ", ")+")")
 	fs.StringVar(&since, "since", "", "only entries at or after this time: RFC 3339, or a duration ago such as 15m or 2h")
@@ -59,7 +65,21 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	}
 
 	var q audit.Querier
-	if file != "" {
+	if natsURL != "" {
+		var opts []nats.Option
+		if natsCreds != "" {
+			opts = append(opts, nats.UserCredentials(natsCreds))
+		}
+		if natsCA != "" {
+			opts = append(opts, nats.RootCAs(natsCA))
+		}
+		s, closer, err := lapd.OpenClusterAudit(ctx, natsURL, clusterName, opts...)
+		if err != nil {
+			return err
+		}
+		defer closer.Close()
+		q = s
+	} else if file != "" {
 		if _, err := os.Stat(file); err != nil {
 			return fmt.Errorf("audit file: %w", err)
 		}

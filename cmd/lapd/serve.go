@@ -254,10 +254,19 @@ func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config,
 			acfg.AuditSQLite = true
 		case strings.HasPrefix(s, "file:"):
 			acfg.AuditFile = strings.TrimPrefix(s, "file:")
+		case s == "nats":
+			if c.NATS == "" {
+				return acfg, usageError{"--audit nats needs --nats"}
+			}
+			acfg.AuditNATS = true
 		case s == "none":
 		default:
-			return acfg, usageError{fmt.Sprintf("--audit: unknown sink %q (want stdout, file:PATH, sqlite or none)", s)}
+			return acfg, usageError{fmt.Sprintf("--audit: unknown sink %q (want stdout, file:PATH, sqlite, nats or none)", s)}
 		}
+	}
+	if c.NATS != "" && !strings.Contains(c.Audit, "none") {
+		// The cluster's trail, for lapd audit --nats.
+		acfg.AuditNATS = true
 	}
 	if c.Store == "sqlite" && !acfg.AuditSQLite && !strings.Contains(c.Audit, "none") {
 		// Keep a queryable copy for `lapd audit` by default.

@@ -77,7 +77,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.Duration(&c.PingInterval, "heartbeat", 15*time.Second, "WebSocket heartbeat interval; a tab missing two is closed")
 	fs.Int(&c.LAPRate, "lap-rate", 30, "LAP calls per minute per token (burst the same)")
 	fs.Int(&c.MintRate, "mint-rate", 30, "mints per minute per identity or client IP (burst the same)")
-	fs.String(&c.Audit, "audit", "stdout", "audit sinks, comma-separated: stdout, file:PATH, sqlite (in --data-dir), none")
+	fs.String(&c.Audit, "audit", "stdout", "audit sinks, comma-separated: stdout, file:PATH, sqlite (in --data-dir), nats (the cluster's stream; on by default with --nats), none")
 	fs.String(&c.LogLevel, "log-level", "info", "debug, info, warn, error")
 	fs.String(&c.LogFormat, "log-format", "text", "text or json (logs go to stderr)")
 	fs.Bool(&c.Demo, "demo", true, "serve the demo app at /")

@@ -1,0 +1,207 @@
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NATSSink appends entries to a JetStream stream that every lapd of a
+// cluster writes to, so `lapd audit --nats URL` reads the whole cluster's
+// trail. Each entry is published as JSON on
+// "<prefix>.audit.<event>.<tid or ->", which lets a query by tid or event
+// read only what it asks for. The stream keeps entries for MaxAge and at
+// most MaxBytes (oldest dropped first).
+//
+// Write does not wait for JetStream: it queues an asynchronous publish
+// (at most 4,096 outstanding; past that Write waits, which is the
+// backpressure), and a publish JetStream refuses is counted (Failed) and
+// logged, never dropped silently. Close waits for the outstanding acks.
+type NATSSink struct {
+	js     jetstream.JetStream
+	prefix string
+	log    *slog.Logger
+	failed atomic.Int64
+	closed atomic.Bool
+}
+
+// NATSSinkConfig configures the stream. Zero values mean the defaults.
+type NATSSinkConfig struct {
+	Prefix   string        // subject prefix; default "lapd"; the stream is "<prefix>_audit"
+	MaxAge   time.Duration // default 30 days
+	MaxBytes int64         // default 1 GiB
+	Logger   *slog.Logger  // refused publishes; nil = discard
+}
+
+var (
+	_ Sink    = (*NATSSink)(nil)
+	_ Querier = (*NATSSink)(nil)
+)
+
+// StreamName is the audit stream of a cluster prefix.
+func StreamName(prefix string) string {
+	if prefix == "" {
+		prefix = "lapd"
+	}
+	return prefix + "_audit"
+}
+
+// OpenNATSSink creates (or binds) the audit stream on nc's JetStream. The
+// sink does not close nc.
+func OpenNATSSink(ctx context.Context, nc *nats.Conn, cfg NATSSinkConfig) (*NATSSink, error) {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "lapd"
+	}
+	if cfg.MaxAge <= 0 {
+		cfg.MaxAge = 30 * 24 * time.Hour
+	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = 1 << 30
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &NATSSink{prefix: cfg.Prefix, log: cfg.Logger}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
+			n := s.failed.Add(1)
+			s.log.Warn("audit: JetStream refused an entry; it is not in the cluster's trail", "subject", m.Subject, "err", err, "failed_total", n)
+		}))
+	if err != nil {
+		return nil, err
+	}
+	s.js = js
+	sc := jetstream.StreamConfig{Name: StreamName(cfg.Prefix), Subjects: []string{cfg.Prefix + ".audit.>"},
+		Storage: jetstream.FileStorage, MaxAge: cfg.MaxAge, MaxBytes: cfg.MaxBytes, Discard: jetstream.DiscardOld}
+	if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+		if _, err2 := js.Stream(ctx, sc.Name); err2 != nil {
+			return nil, fmt.Errorf("audit: stream %s: %w", sc.Name, err)
+		}
+	}
+	return s, nil
+}
+
+func subjectToken(s string) string {
+	if s == "" {
+		return "-"
+	}
+	for _, c := range s {
+		if c <= ' ' || c == '.' || c == '*' || c == '>' || c > '~' {
+			return "_" // not a subject token: still stored, found by a full scan
+		}
+	}
+	return s
+}
+
+// Write queues e for the stream.
+func (s *NATSSink) Write(ctx context.Context, e Entry) error {
+	if s.closed.Load() {
+		return errors.New("audit: NATS sink closed")
+	}
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	_, err = s.js.PublishAsync(s.prefix+".audit."+subjectToken(e.Event)+"."+subjectToken(e.TID), b)
+	return err
+}
+
+// Failed reports how many entries JetStream refused since the sink opened.
+func (s *NATSSink) Failed() int64 { return s.failed.Load() }
+
+// Close waits (at most 10 s) for the outstanding publishes.
+func (s *NATSSink) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	select {
+	case <-s.js.PublishAsyncComplete():
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("audit: %d entries not acknowledged by JetStream at close", s.js.PublishAsyncPending())
+	}
+}
+
+// Query reads the cluster's entries back (see Filter). It scans the part
+// of the stream that the filter's tid and single event select, from Since.
+func (s *NATSSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
+	select { // this sink's own entries first
+	case <-s.js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	stream, err := s.js.Stream(ctx, StreamName(s.prefix))
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	ev, tid := "*", "*"
+	if f.Event != "" {
+		ev = subjectToken(f.Event)
+	} else if len(f.Events) == 1 {
+		ev = subjectToken(f.Events[0])
+	}
+	if f.TID != "" {
+		tid = subjectToken(f.TID)
+	}
+	if ev == "_" {
+		ev = "*"
+	}
+	if tid == "_" {
+		tid = "*"
+	}
+	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.prefix + ".audit." + ev + "." + tid}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if f.Since > 0 {
+		t := time.UnixMilli(f.Since).Add(-time.Minute) // by arrival; At may lag a little
+		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+	}
+	cons, err := stream.OrderedConsumer(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	left := info.NumPending
+	var out []Entry
+	for left > 0 {
+		batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("audit: %w", err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			left--
+			var e Entry
+			if json.Unmarshal(m.Data(), &e) != nil || !f.match(e) {
+				continue
+			}
+			out = append(out, e)
+			if f.Limit > 0 && len(out) > 2*f.Limit { // keep memory bounded: the newest Limit win
+				out = slices.Delete(out, 0, len(out)-f.Limit)
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, fmt.Errorf("audit: %w", err)
+		}
+		if got == 0 {
+			break
+		}
+		if md, err := cons.Info(ctx); err == nil && md.NumPending == 0 {
+			break
+		}
+	}
+	if f.Limit > 0 && len(out) > f.Limit {
+		out = out[len(out)-f.Limit:]
+	}
+	return out, nil
+}
