@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"runtime"
@@ -172,9 +173,11 @@ func memNow() memFig {
 // memChild dials one tab per token read from stdin, says hello, prints
 // "ready" once every hello-ack has arrived and holds the sockets until stdin
 // closes.
-func memChild(t *testing.T) {
+func memChild(t *testing.T) { memChildFrom(t, os.Stdin) }
+
+func memChildFrom(t *testing.T, r io.Reader) {
 	url := os.Getenv("LAPD_MEMBENCH_CHILD")
-	in := bufio.NewScanner(os.Stdin)
+	in := bufio.NewScanner(r)
 	var toks []string
 	for in.Scan() && in.Text() != "" {
 		toks = append(toks, in.Text())

@@ -204,10 +204,17 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	ctx := req.Context()
+	var rec tokens.Record
+	var repair bool
+	var err error
 	if r.cl != nil {
-		r.cl.orphaned(ctx, token)
+		aside(func() {
+			r.cl.orphaned(ctx, token)
+			rec, repair, err = r.cfg.Tokens.AcceptTab(ctx, token, protocolValue(req, TabProtocolPrefix))
+		})
+	} else {
+		rec, repair, err = r.cfg.Tokens.AcceptTab(ctx, token, protocolValue(req, TabProtocolPrefix))
 	}
-	rec, repair, err := r.cfg.Tokens.AcceptTab(ctx, token, protocolValue(req, TabProtocolPrefix))
 	switch {
 	case errors.Is(err, tokens.ErrTabSecret):
 		r.refuse(w, http.StatusUnauthorized, "auth-failed", "this session's socket opens with its tab secret (sub-protocol lapd.tab.<secret>), which only the tab that minted it holds", rec.TID)
@@ -242,10 +249,10 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	ws.SetReadLimit(r.cfg.MaxFrame)
 	c.ws, c.nc = ws, hr.nc
-	if r.cl != nil && !c.tab && !r.holds(rec.TID) && r.cl.liveElsewhere(rec.TID) {
+	if r.cl != nil && !c.tab && !r.holds(rec.TID) {
 		// Superseding a live socket on another node without the tab
 		// secret: as for a local one, this socket may not approve.
-		c.noApprove = true
+		aside(func() { c.noApprove = r.cl.liveElsewhere(rec.TID) })
 	}
 	old, ok := r.register(rec.TID, c)
 	if !ok { // Shutdown began meanwhile
@@ -299,7 +306,7 @@ func (r *Registry) register(tid string, c *conn) (*conn, bool) {
 	}
 	r.mu.Unlock()
 	if r.cl != nil {
-		r.cl.own(tid)
+		aside(func() { r.cl.own(tid) })
 	}
 	if old != nil {
 		old.mu.Lock()
