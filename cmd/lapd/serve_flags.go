@@ -29,6 +29,7 @@ type serveConfig struct {
 	Demo            bool
 	MCP             bool
 	ShutdownTimeout time.Duration
+	Pprof           string
 
 	IdentityCookie    string
 	IdentityCookieKey string
@@ -64,6 +65,7 @@ func parseServeFlags(args []string, stderr io.Writer, env func(string) string) (
 	fs.Bool(&c.Demo, "demo", true, "serve the demo app at /")
 	fs.Bool(&c.MCP, "mcp", true, "serve the MCP Streamable HTTP endpoint at /agent/mcp")
 	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
+	fs.String(&c.Pprof, "pprof", "", "serve Go's profiler (net/http/pprof) on this separate address, e.g. 127.0.0.1:6060; off by default, never expose it")
 	fs.String(&c.IdentityCookie, "identity-cookie", "", "name of a signed cookie <uid>.<base64url(HMAC-SHA256(key, uid))> that names the user for mint")
 	fs.String(&c.IdentityCookieKey, "identity-cookie-key", "", "HMAC key for --identity-cookie (at least 32 characters)")
 	fs.String(&c.JWTCookie, "jwt-cookie", "", "cookie holding the host app's login JWT (names the user for mint)")
