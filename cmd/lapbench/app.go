@@ -76,7 +76,7 @@ type results struct {
 func newResults(stateBytes int) results {
 	st := boardState(stateBytes)
 	return results{
-		observe:    []byte(`{"state":` + st + `,"actions":` + actionsJSON + `,"context":{"summary":"40 tasks (14 todo, 13 doing, 13 done); filter all; unsaved changes.","hints":["Use moveTask to change a column; toggleDone only flips the checkbox.","There are unsaved changes: call save when you are done editing."]}}`),
+		observe: []byte(`{"state":` + st + `,"actions":` + actionsJSON + `,"context":{"summary":"40 tasks (14 todo, 13 doing, 13 done); filter all; unsaved changes.","hints":["Use moveTask to change a column; toggleDone only flips the checkbox.","There are unsaved changes: call save when you are done editing."]}}`),
 		sendMessage: []byte(`{"status":"dispatched","stateDiff":[{"op":"add","path":"/tasks/40","value":{"id":41,"title":"Buy milk","column":"todo","done":false}},{"op":"replace","path":"/nextId","value":42}],` +
 			`"actions":` + actionsJSON + `,"drain":{"effectsObserved":1,"durationMs":0,"timedOut":false,"errors":[]}}`),
 		getState:   []byte(`{"state":` + st + `}`),

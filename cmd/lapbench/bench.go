@@ -348,4 +348,3 @@ func targets(ms []Result) string {
 		"server CPU 0.45 ms (/observe ×16) and 0.30 ms (/message ×16) per request.\n")
 	return b.String()
 }
-
