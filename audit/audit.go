@@ -56,6 +56,7 @@ const (
 	EventRefused        = "refused"         // any other refusal: detail {endpoint, status, code}
 	EventConfirmExpired = "confirm-expired" // an approval nobody answered timed out
 	EventDisconnect     = "disconnect"      // a tab's socket closed: detail {reason}
+	EventAuditOverflow  = "audit-overflow"  // the audit queue was full: detail {dropped, events{name: n}, since, until}
 )
 
 // Entry is one audit record. Wire shape: {at(ms), tid|null, uid|null, event, detail}.
@@ -90,8 +91,16 @@ func (e Entry) MarshalJSON() ([]byte, error) {
 }
 
 // Sink receives audit entries. Write must be safe for concurrent use; an
-// error means the entry was NOT stored (the Logger reports it).
+// error means the entry was NOT stored (the Log reports it).
 type Sink interface {
 	Write(ctx context.Context, e Entry) error
 	Close() error
+}
+
+// BatchSink is a Sink that stores a whole batch at once (one transaction,
+// one write): the Log's writer calls WriteBatch instead of Write when a sink
+// has it. An error means no entry of the batch was stored.
+type BatchSink interface {
+	Sink
+	WriteBatch(ctx context.Context, b *Batch) error
 }

@@ -10,22 +10,51 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" database/sql driver
 )
 
 // SQLiteSink stores entries in the table audit_entries of a SQLite database
 // (usually lapd.db, shared with the token store) and can query them back.
-// Safe for concurrent use.
+// A batch from the Log's writer is one transaction (group commit). With a
+// Retention, entries older than MaxAge and the oldest entries beyond
+// MaxBytes are deleted as batches are written (checked once a minute, and
+// whenever an eighth of MaxBytes was written since the last check); the
+// size is an estimate (text plus a fixed overhead per row), and SQLite
+// reuses the freed pages rather than shrinking the file. Safe for
+// concurrent use.
 type SQLiteSink struct {
 	db     *sql.DB
 	ownsDB bool
 	insert *sql.Stmt
+
+	mu        sync.Mutex // serializes WriteBatch and pruning
+	ret       Retention
+	lastPrune time.Time
+	size      int64 // estimated bytes of audit_entries; -1 = not measured yet
+	rows      int64
+	added     int64 // estimated bytes written since the last prune
+	clock     func() time.Time
 }
 
+// Retention bounds what a sink keeps. Zero fields mean no bound.
+type Retention struct {
+	MaxAge   time.Duration // delete entries older than this
+	MaxBytes int64         // keep the stored entries under about this many bytes
+}
+
+// rowOverhead is the estimated bytes per audit row besides its text:
+// the row header, the integer columns and three index entries.
+const rowOverhead = 96
+
+// pruneEvery bounds how often WriteBatch checks the retention.
+const pruneEvery = time.Minute
+
 var (
-	_ Sink    = (*SQLiteSink)(nil)
-	_ Querier = (*SQLiteSink)(nil)
+	_ BatchSink = (*SQLiteSink)(nil)
+	_ Querier   = (*SQLiteSink)(nil)
 )
 
 const sqliteSchema = `
@@ -53,7 +82,15 @@ func NewSQLiteSink(db *sql.DB) (*SQLiteSink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit: prepare insert: %w", err)
 	}
-	return &SQLiteSink{db: db, insert: ins}, nil
+	return &SQLiteSink{db: db, insert: ins, size: -1, clock: time.Now}, nil
+}
+
+// SetRetention makes the sink delete entries beyond r as it writes. Call it
+// before the sink is used.
+func (s *SQLiteSink) SetRetention(r Retention) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ret = r
 }
 
 // OpenSQLiteSink opens (or creates) the SQLite file at path in WAL mode with a
@@ -91,6 +128,99 @@ func (s *SQLiteSink) Write(ctx context.Context, e Entry) error {
 	}
 	if _, err := s.insert.ExecContext(ctx, e.At, nullable(e.TID), nullable(e.UID), e.Event, string(detail)); err != nil {
 		return fmt.Errorf("audit: insert %s entry: %w", e.Event, err)
+	}
+	return nil
+}
+
+// WriteBatch inserts every entry of b in one transaction.
+func (s *SQLiteSink) WriteBatch(ctx context.Context, b *Batch) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("audit: begin batch: %w", err)
+	}
+	ins := tx.StmtContext(ctx, s.insert)
+	var added int64
+	for i, e := range b.Entries {
+		d := b.Detail(i)
+		if _, err := ins.ExecContext(ctx, e.At, nullable(e.TID), nullable(e.UID), e.Event, string(d)); err != nil {
+			_ = tx.Rollback()
+			return fmt.Errorf("audit: insert %s entry: %w", e.Event, err)
+		}
+		added += rowSize(len(d), e)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("audit: commit batch of %d: %w", len(b.Entries), err)
+	}
+	if s.size >= 0 {
+		s.size += added
+		s.rows += int64(len(b.Entries))
+	}
+	s.added += added
+	due := s.clock().Sub(s.lastPrune) >= pruneEvery || s.ret.MaxBytes > 0 && s.added >= s.ret.MaxBytes/8
+	if (s.ret.MaxAge > 0 || s.ret.MaxBytes > 0) && due {
+		s.lastPrune, s.added = s.clock(), 0
+		if err := s.pruneLocked(ctx); err != nil {
+			return fmt.Errorf("audit: batch stored, but applying the retention failed: %w", err)
+		}
+	}
+	return nil
+}
+
+func rowSize(detail int, e Entry) int64 {
+	return int64(detail+len(e.Event)+len(e.TID)+len(e.UID)) + rowOverhead
+}
+
+// pruneDeleteChunk bounds the rows one DELETE removes, so that pruning a
+// large backlog never holds the write lock for long.
+const pruneDeleteChunk = 5000
+
+// pruneLocked applies the retention. Caller holds s.mu.
+func (s *SQLiteSink) pruneLocked(ctx context.Context) error {
+	if s.ret.MaxAge > 0 {
+		cut := s.clock().Add(-s.ret.MaxAge).UnixMilli()
+		for {
+			res, err := s.db.ExecContext(ctx, `DELETE FROM audit_entries WHERE id IN (SELECT id FROM audit_entries WHERE at < ? ORDER BY id LIMIT ?)`, cut, pruneDeleteChunk)
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n > 0 {
+				s.size = -1 // re-measure below
+			}
+			if n, _ := res.RowsAffected(); n < pruneDeleteChunk {
+				break
+			}
+		}
+	}
+	if s.ret.MaxBytes <= 0 {
+		return nil
+	}
+	if s.size < 0 {
+		if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(LENGTH(detail)+LENGTH(event)+COALESCE(LENGTH(tid),0)+COALESCE(LENGTH(uid),0)),0)+COUNT(*)*?, COUNT(*) FROM audit_entries`, rowOverhead).Scan(&s.size, &s.rows); err != nil {
+			return err
+		}
+	}
+	if s.size <= s.ret.MaxBytes || s.rows == 0 {
+		return nil
+	}
+	// Delete the oldest rows until about 90% of the bound is left,
+	// assuming rows of the average size.
+	avg := s.size / s.rows
+	excess := (s.size - s.ret.MaxBytes*9/10 + avg - 1) / avg
+	for excess > 0 {
+		n := min(excess, pruneDeleteChunk)
+		res, err := s.db.ExecContext(ctx, `DELETE FROM audit_entries WHERE id IN (SELECT id FROM audit_entries ORDER BY id LIMIT ?)`, n)
+		if err != nil {
+			return err
+		}
+		got, _ := res.RowsAffected()
+		s.rows -= got
+		s.size -= got * avg
+		excess -= n
+		if got < n {
+			break
+		}
 	}
 	return nil
 }
