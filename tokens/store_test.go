@@ -133,3 +133,21 @@ func TestSQLiteStoresShareFile(t *testing.T) {
 		t.Errorf("LastSeenAt = %d, %v; want %d", r.LastSeenAt, err, 2*n)
 	}
 }
+
+// TestCachedStore runs the contract suite through the cache, over the
+// memory store and over SQLite.
+func TestCachedStore(t *testing.T) {
+	t.Parallel()
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, func(t *testing.T) tokens.Store {
+			return tokens.NewCachedStore(tokens.NewMemoryStore(), tokens.CacheConfig{})
+		})
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, func(t *testing.T) tokens.Store {
+			return tokens.NewCachedStore(openSQLite(t), tokens.CacheConfig{})
+		})
+	})
+}
