@@ -41,12 +41,12 @@ type CachedStore struct {
 	byTID  map[string]*cacheEntry
 	byHash map[string]string // token hash → tid
 
-	wmu     sync.Mutex // serializes writes through the cache (store call + cache update)
-	flushMu sync.Mutex // held by a flush; Close waits for a timer's flush with it
-	wgen  atomic.Int64 // bumped around every write; a read installs its result only if unchanged
-	armed atomic.Bool  // the flush timer is set
-	timer *time.Timer  // guarded by mu
-	done  bool         // guarded by mu: closed
+	wmu     sync.Mutex   // serializes writes through the cache (store call + cache update)
+	flushMu sync.Mutex   // held by a flush; Close waits for a timer's flush with it
+	wgen    atomic.Int64 // bumped around every write; a read installs its result only if unchanged
+	armed   atomic.Bool  // the flush timer is set
+	timer   *time.Timer  // guarded by mu
+	done    bool         // guarded by mu: closed
 }
 
 // CacheConfig configures a CachedStore. Zero values mean the defaults.
