@@ -12,9 +12,9 @@ import (
 // per Config.LimitEvery. Over budget, entries are not written one by one
 // but counted: once per Config.Window the source gets one summary entry,
 // the same event with the first suppressed entry's tid and detail plus
-// {"aggregated": n, "since": ms, "until": ms} — so a flood of refusals or
-// tab frames costs a bounded number of writes and nothing is dropped
-// silently. Every entry it writes carries detail "source".
+// {"aggregated": n, "since": ms, "until": ms, "budget": source} — so a
+// flood of refusals or tab frames costs a bounded number of writes and
+// nothing is dropped silently.
 func (l *Log) RecordLimited(ctx context.Context, source string, e Entry) {
 	if l == nil {
 		return
@@ -22,10 +22,6 @@ func (l *Log) RecordLimited(ctx context.Context, source string, e Entry) {
 	if e.At == 0 {
 		e.At = l.cfg.Clock().UnixMilli()
 	}
-	d := make(map[string]any, len(e.Detail)+1)
-	maps.Copy(d, e.Detail)
-	d["source"] = source
-	e.Detail = d
 	if l.lim.allow(source, e) {
 		l.Record(ctx, e)
 	}
@@ -115,7 +111,7 @@ func (lm *limiter) flush() {
 			e := st.sample
 			d := make(map[string]any, len(e.Detail)+3)
 			maps.Copy(d, e.Detail)
-			d["source"] = k.source
+			d["budget"] = k.source
 			d["aggregated"] = st.suppressed
 			d["since"], d["until"] = st.since, now
 			e.Detail, e.At = d, now

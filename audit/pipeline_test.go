@@ -275,7 +275,7 @@ func TestRecordLimited(t *testing.T) {
 			t.Fatalf("%d entries, want 5: %+v", len(es), es)
 		}
 		sum := es[4]
-		if sum.Event != audit.EventAuthFailed || sum.Detail["aggregated"] != int64(47) || sum.Detail["source"] != "192.0.2.1" ||
+		if sum.Event != audit.EventAuthFailed || sum.Detail["aggregated"] != int64(47) || sum.Detail["budget"] != "192.0.2.1" ||
 			sum.Detail["endpoint"] != "/agent/lap/v1/observe" || sum.Detail["until"].(int64)-sum.Detail["since"].(int64) != 10000 {
 			t.Errorf("summary %+v", sum.Detail)
 		}

@@ -47,7 +47,7 @@ func (s *Server) serveLAP(w http.ResponseWriter, r *http.Request, route string, 
 		res, e = h(c)
 	}
 	if e != nil {
-		s.auditRefusal(c.ctx, c.tid, s.cfg.BasePath+route, e)
+		s.auditRefusal(r, c.tid, s.cfg.BasePath+route, e)
 		writeError(w, e)
 		return
 	}

@@ -43,7 +43,7 @@ var metaRoutes = map[string]metaHandler{
 func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, h metaHandler) {
 	if !s.corsHeaders(w, r, h.method) {
 		e := errf(http.StatusForbidden, CodeForbiddenOrigin, "origin "+r.Header.Get("Origin")+" may not call "+path)
-		s.auditRefusal(r.Context(), "", path, e)
+		s.auditRefusal(r, "", path, e)
 		writeError(w, e)
 		return
 	}
@@ -73,14 +73,14 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 	if r.Body != nil && r.Body != http.NoBody {
 		if r.ContentLength > MaxMetaBody {
 			e := errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
-			s.auditRefusal(m.ctx, "", path, e)
+			s.auditRefusal(m.r, "", path, e)
 			writeError(w, e)
 			return
 		}
 		b, err := io.ReadAll(io.LimitReader(r.Body, MaxMetaBody+1))
 		if err != nil || len(b) > MaxMetaBody {
 			e := errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
-			s.auditRefusal(m.ctx, "", path, e)
+			s.auditRefusal(m.r, "", path, e)
 			writeError(w, e)
 			return
 		}
@@ -89,7 +89,7 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 	res, e := h.fn(s, m)
 	if e != nil {
 		if e.status != http.StatusBadRequest {
-			s.auditRefusal(m.ctx, "", path, e)
+			s.auditRefusal(m.r, "", path, e)
 		}
 		writeError(w, e)
 		return

@@ -225,9 +225,12 @@ func routeWait(c *call) (any, *apiError) {
 	if !ok {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, "path must be a string")
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, timeoutMs(b.TimeoutMs, 10*time.Second))
+	ctx, cancel := c.s.pollContext(c.ctx, timeoutMs(b.TimeoutMs, 10*time.Second))
 	defer cancel()
 	state, err := c.s.cfg.Registry.Watch(ctx, c.tid, path)
+	if err != nil && c.s.drainCtx.Err() != nil && c.ctx.Err() == nil {
+		return nil, errShuttingDown // lapd is restarting: wait again there
+	}
 	c.audit = map[string]any{"path": c.s.cfg.BasePath + "/wait", "outcome": "changed"}
 	switch {
 	case err == nil:
@@ -256,10 +259,9 @@ func routeNarrate(c *call) (any, *apiError) {
 	now := c.s.cfg.Clock().UnixMilli()
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
-	entry := map[string]any{
-		"id": "narrate-" + strconv.FormatInt(now, 10) + "-" + hex.EncodeToString(rnd[:]),
-		"at": now, "kind": "narrate", "intent": intent, "detail": text,
-	}
+	id := "narrate-" + strconv.FormatInt(now, 10) + "-" + hex.EncodeToString(rnd[:])
+	entry := map[string]any{"id": id, "at": now, "kind": "narrate", "intent": intent, "detail": text}
+	c.s.cfg.Registry.ExpectLog(c.tid, id) // the tab echoes it: the route's lap-call covers it
 	if err := c.s.cfg.Registry.Push(c.tid, map[string]any{"t": "log-push", "entry": entry}); err != nil {
 		return nil, c.rpcErr(err)
 	}

@@ -190,7 +190,7 @@ func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
 
 // awaitConfirm long-polls an approval; done=false when it is still pending.
 func (c *call) awaitConfirm(confirmID, variant string, wait time.Duration) (any, bool) {
-	ctx, cancel := context.WithTimeout(c.ctx, wait)
+	ctx, cancel := c.s.pollContext(c.ctx, wait)
 	defer cancel()
 	r, err := c.s.cfg.Confirm.Wait(ctx, c.tid, confirmID)
 	if err != nil {
@@ -230,7 +230,7 @@ func routeConfirmResult(c *call) (any, *apiError) {
 	}
 	wait := timeoutMs(b.TimeoutMs, 5*time.Second)
 	c.audit = map[string]any{"tool": "get_confirm_result", "confirmId": id}
-	ctx, cancel := context.WithTimeout(c.ctx, wait)
+	ctx, cancel := c.s.pollContext(c.ctx, wait)
 	defer cancel()
 	_, err := c.s.cfg.Confirm.Wait(ctx, c.tid, id)
 	if errors.Is(err, confirm.ErrUnknown) {

@@ -108,6 +108,15 @@ func detailString(d json.RawMessage) string {
 	return string(d)
 }
 
+// entryID reads a log entry's id (a string) without decoding the rest.
+func entryID(e json.RawMessage) string {
+	var k struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(e, &k)
+	return k.ID
+}
+
 // entryKind reads a log entry's kind without decoding the rest.
 func entryKind(e json.RawMessage) string {
 	var k struct {
@@ -153,15 +162,15 @@ func (c *conn) handle(b []byte) {
 			r.unknownReplies.Add(1)
 		}
 	case "log-append":
-		if len(f.Entry) <= MaxLogEntry {
-			s.mu.Lock()
-			if !s.dropped {
-				s.appendLogLocked(f.Entry, r.cfg.LogRing)
-			}
-			s.mu.Unlock()
+		id := entryID(f.Entry)
+		s.mu.Lock()
+		if len(f.Entry) <= MaxLogEntry && !s.dropped {
+			s.appendLogLocked(f.Entry, r.cfg.LogRing)
 		}
+		echo := s.takeExpectedLocked(id)
+		s.mu.Unlock()
 		if hooks.OnLogAppend != nil {
-			hooks.OnLogAppend(s.tid, f.Entry)
+			hooks.OnLogAppend(s.tid, f.Entry, echo)
 		}
 	case "confirm-resolved":
 		if hooks.OnConfirmResolved != nil {

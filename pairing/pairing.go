@@ -84,6 +84,10 @@ const (
 
 	// MaxInFlight bounds the calls plus watches waiting on one tid.
 	MaxInFlight = 1024
+	// maxExpect bounds the log entry ids a tab is expected to send back;
+	// the oldest is forgotten first (its log-append then counts as not an
+	// echo).
+	maxExpect = 64
 	// MaxLogEntry is the largest log-append entry kept in the ring (bytes);
 	// larger entries still reach Hooks.OnLogAppend.
 	MaxLogEntry = 256 << 10
@@ -155,7 +159,12 @@ type Hooks struct {
 	OnPaired          func(tid string, repair bool) // after the socket is registered and hello-ack sent
 	OnClosed          func(tid string)              // the tab's socket is gone (not when superseded)
 	OnConfirmResolved func(tid string, r ConfirmResolved)
-	OnLogAppend       func(tid string, entry json.RawMessage) // after it is put in the ring
+	// OnLogAppend runs after a log-append entry is put in the ring. echo
+	// reports that the entry's id is one the server expected back: the id
+	// of an rpc sent to this tab (lapd.js logs every rpc it answers) or one
+	// announced with ExpectLog (a log-push) — a call the server has
+	// already accounted for.
+	OnLogAppend func(tid string, entry json.RawMessage, echo bool)
 }
 
 // Config configures a Registry. Zero values mean the documented defaults.
@@ -210,6 +219,7 @@ type session struct {
 	accepts     int
 	ring        []json.RawMessage // circular, len ≤ LogRing
 	ringNext    int               // where the next entry goes once the ring is full
+	expect      []string          // log entry ids expected back (rpc ids, ExpectLog), oldest first, ≤ maxExpect
 	dropped     bool              // unregistered: buffers gone, nothing more is kept
 
 	closedAt   time.Time     // guarded by Registry.mu
@@ -322,8 +332,8 @@ func newID() string {
 }
 
 // await registers a waiter under id in m (calls or watches) and returns its
-// channel and the socket to send on.
-func (s *session) await(m *map[string]chan callResult, id string) (chan callResult, *conn, error) {
+// channel and the socket to send on. expect: the tab will log id.
+func (s *session) await(m *map[string]chan callResult, id string, expect bool) (chan callResult, *conn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cur == nil {
@@ -337,7 +347,50 @@ func (s *session) await(m *map[string]chan callResult, id string) (chan callResu
 	}
 	ch := make(chan callResult, 1)
 	(*m)[id] = ch
+	if expect {
+		s.expectLocked(id)
+	}
 	return ch, s.cur, nil
+}
+
+// expectLocked notes that the tab will send a log entry with id.
+func (s *session) expectLocked(id string) {
+	if len(s.expect) >= maxExpect {
+		s.expect = append(s.expect[:0], s.expect[1:]...)
+	}
+	s.expect = append(s.expect, id)
+}
+
+// takeExpectedLocked reports whether id was expected, and forgets it.
+func (s *session) takeExpectedLocked(id string) bool {
+	if id == "" {
+		return false
+	}
+	for i, e := range s.expect {
+		if e == id {
+			s.expect = append(s.expect[:i], s.expect[i+1:]...)
+			if len(s.expect) == 0 {
+				s.expect = nil
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// ExpectLog tells the registry that tid's tab will send a log-append whose
+// entry id is id (the server is pushing it a log-push with that entry), so
+// that Hooks.OnLogAppend sees it as an echo.
+func (r *Registry) ExpectLog(tid, id string) {
+	r.mu.Lock()
+	s := r.sessions[tid]
+	r.mu.Unlock()
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.expectLocked(id)
+	s.mu.Unlock()
 }
 
 // retire removes id from m and delivers res; it reports false when somebody
@@ -407,7 +460,7 @@ func (r *Registry) Call(ctx context.Context, tid, tool string, args any, timeout
 	if err != nil {
 		return nil, err
 	}
-	ch, c, err := s.await(&s.calls, id)
+	ch, c, err := s.await(&s.calls, id, true)
 	if err != nil {
 		return nil, err
 	}
@@ -496,7 +549,7 @@ func (r *Registry) Watch(ctx context.Context, tid, path string) (json.RawMessage
 		return nil, err
 	}
 	id := newID()
-	ch, c, err := s.await(&s.watches, id)
+	ch, c, err := s.await(&s.watches, id, false)
 	if err != nil {
 		return nil, err
 	}
@@ -588,7 +641,7 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 	s.cur = nil
 	s.dropped = true
 	s.failAllLocked(ErrPaused)
-	s.hello, s.ring = nil, nil
+	s.hello, s.ring, s.expect = nil, nil, nil
 	s.mu.Unlock()
 	if c == nil {
 		return

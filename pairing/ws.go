@@ -67,7 +67,7 @@ func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 // refuse writes the JSON error envelope and audits the refusal.
-func (r *Registry) refuse(w http.ResponseWriter, status int, code, detail, tid string) {
+func (r *Registry) refuse(w http.ResponseWriter, req *http.Request, status int, code, detail, tid string) {
 	r.refused.Add(1)
 	body := map[string]any{"code": code}
 	if detail != "" {
@@ -79,8 +79,19 @@ func (r *Registry) refuse(w http.ResponseWriter, status int, code, detail, tid s
 	}
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": body})
-	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventRefused,
-		Detail: map[string]any{"endpoint": wsEndpoint, "status": status, "code": code}})
+	// Within the client's audit budget: a flood of refused upgrades becomes
+	// one counted entry per interval.
+	ip := remoteHost(req)
+	r.cfg.Audit.RecordLimited(context.Background(), "ip:"+ip, audit.Entry{TID: tid, Event: audit.EventRefused,
+		Detail: map[string]any{"endpoint": wsEndpoint, "status": status, "code": code, "client": ip}})
+}
+
+// remoteHost is the peer's address without the port.
+func remoteHost(req *http.Request) string {
+	if h, _, err := net.SplitHostPort(req.RemoteAddr); err == nil {
+		return h
+	}
+	return req.RemoteAddr
 }
 
 // originAllowed is the CSWSH defence: no Origin (not a browser), an
@@ -158,41 +169,41 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	r.mu.Unlock()
 	if shutting {
-		r.refuse(w, http.StatusServiceUnavailable, "shutting-down", "", "")
+		r.refuse(w, req, http.StatusServiceUnavailable, "shutting-down", "", "")
 		return
 	}
 	defer r.wg.Done()
 
 	if req.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
-		r.refuse(w, http.StatusMethodNotAllowed, "method-not-allowed", "use GET with a WebSocket upgrade", "")
+		r.refuse(w, req, http.StatusMethodNotAllowed, "method-not-allowed", "use GET with a WebSocket upgrade", "")
 		return
 	}
 	if !r.originAllowed(req) {
-		r.refuse(w, http.StatusForbidden, "forbidden-origin", "Origin "+strconv.Quote(req.Header.Get("Origin"))+" is not allowed", "")
+		r.refuse(w, req, http.StatusForbidden, "forbidden-origin", "Origin "+strconv.Quote(req.Header.Get("Origin"))+" is not allowed", "")
 		return
 	}
 	token := bearer(req)
 	if token == "" {
-		r.refuse(w, http.StatusUnauthorized, "auth-failed", "missing token", "")
+		r.refuse(w, req, http.StatusUnauthorized, "auth-failed", "missing token", "")
 		return
 	}
 	if !isUpgrade(req) {
-		r.refuse(w, http.StatusBadRequest, "invalid", "expected a WebSocket upgrade", "")
+		r.refuse(w, req, http.StatusBadRequest, "invalid", "expected a WebSocket upgrade", "")
 		return
 	}
 	ctx := req.Context()
 	rec, repair, err := r.cfg.Tokens.Accept(ctx, token)
 	switch {
 	case errors.Is(err, tokens.ErrRevoked):
-		r.refuse(w, http.StatusForbidden, "revoked", "token revoked", rec.TID)
+		r.refuse(w, req, http.StatusForbidden, "revoked", "token revoked", rec.TID)
 		return
 	case errors.Is(err, tokens.ErrMalformed), errors.Is(err, tokens.ErrUnknown), errors.Is(err, tokens.ErrExpired):
-		r.refuse(w, http.StatusUnauthorized, "auth-failed", "invalid or expired token", rec.TID)
+		r.refuse(w, req, http.StatusUnauthorized, "auth-failed", "invalid or expired token", rec.TID)
 		return
 	case err != nil:
 		r.cfg.Logger.Error("pairing: accepting a token failed", "err", err)
-		r.refuse(w, http.StatusInternalServerError, "internal", "token store unavailable", rec.TID)
+		r.refuse(w, req, http.StatusInternalServerError, "internal", "token store unavailable", rec.TID)
 		return
 	}
 

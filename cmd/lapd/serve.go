@@ -129,6 +129,7 @@ func appConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (app.Config, e
 	if c.Store == "memory" {
 		acfg.DataDir = ""
 	}
+	acfg.AuditRetention, _ = parseRetention(c.AuditRetention) // checked by parseServeFlags
 	switch c.AllowAnonymous {
 	case "true":
 		acfg.AllowAnonymous = true

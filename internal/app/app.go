@@ -57,6 +57,9 @@ type Config struct {
 	AuditFile   string       // JSONL file sink
 	AuditStdout bool         // JSONL on stdout
 	AuditSQLite bool         // audit_entries table in lapd.db (needs the sqlite store)
+	// AuditRetention bounds what the file and SQLite sinks keep (zero = keep
+	// everything); the stdout stream is not bounded here.
+	AuditRetention audit.Retention
 
 	Origins        []string // extra allowed origins (WebSocket Origin check and meta CORS)
 	AllowAnonymous bool
@@ -130,7 +133,9 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("app: token store: %w", err)
 		}
-		tstore = ts
+		// Records in memory in front of SQLite: a LAP call reads and
+		// writes no token row (tokens.CachedStore says what that costs).
+		tstore = tokens.NewCachedStore(ts, tokens.CacheConfig{Clock: cfg.Clock})
 		cs, err := confirm.NewSQLiteStore(a.db)
 		if err != nil {
 			return nil, fmt.Errorf("app: confirm store: %w", err)
@@ -154,6 +159,7 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("app: audit file: %w", err)
 		}
+		fs.SetRetention(cfg.AuditRetention)
 		sinks = append(sinks, fs)
 	}
 	if cfg.AuditSQLite {
@@ -164,6 +170,7 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("app: audit sqlite sink: %w", err)
 		}
+		ss.SetRetention(cfg.AuditRetention)
 		sinks = append(sinks, ss)
 	}
 	a.Audit = audit.New(audit.Config{Sinks: sinks, Logger: a.log, Clock: cfg.Clock})

@@ -3,7 +3,14 @@
 // a fresh machine), WAL journal (readers never block the writer), a busy
 // timeout (concurrent writers wait instead of failing) and synchronous=NORMAL
 // (durable across process crashes; the last transactions may be lost only on
-// power loss, which a grace-window token store can afford).
+// power loss, which a grace-window token store can afford), and a WAL file
+// truncated back to JournalSizeLimit after each checkpoint.
+//
+// The pool keeps MaxConns connections open and idle: opening a SQLite
+// connection (file open, pragmas, a fresh page cache) costs far more than a
+// query, and database/sql keeps only 2 idle connections by default, so
+// under concurrency every burst opened and closed connections. SQLite has
+// one writer at a time anyway; a few connections serve the readers.
 package sqlitedb
 
 import (
@@ -14,6 +21,12 @@ import (
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 )
 
+// Pool and journal settings.
+const (
+	MaxConns         = 4
+	JournalSizeLimit = 64 << 20
+)
+
 // Open opens (or creates) the database at path and checks that it answers.
 func Open(path string) (*sql.DB, error) {
 	q := url.Values{}
@@ -21,10 +34,15 @@ func Open(path string) (*sql.DB, error) {
 	q.Add("_pragma", "busy_timeout(5000)")
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Add("_pragma", "foreign_keys(ON)")
+	q.Add("_pragma", fmt.Sprintf("journal_size_limit(%d)", JournalSizeLimit))
 	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
+	db.SetMaxOpenConns(MaxConns)
+	db.SetMaxIdleConns(MaxConns)
+	db.SetConnMaxIdleTime(0)
+	db.SetConnMaxLifetime(0)
 	if err := db.Ping(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
