@@ -231,10 +231,20 @@ func (a *App) healthz(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(b)
 }
 
-// Shutdown drains the LAP server (new calls get 503 shutting-down), waits for
-// the calls in flight (bounded by ctx), closes every tab with 1012 so it
-// reconnects to the next process, then closes confirm, the stores and audit.
-// Calling it again returns the first call's result.
+// Shutdown stops a, within ctx's deadline, in this order:
+//
+//  1. Drain the LAP server: new calls get 503 shutting-down, long polls
+//     (/wait, approvals) end at once; wait for the calls in flight, for at
+//     most half of the time left.
+//  2. Close every tab with 1012 (it reconnects to the next process); calls
+//     still waiting on a tab fail with 503 shutting-down.
+//  3. Wait for the last calls with the rest of the time.
+//  4. Close approvals, the stores, and the audit log last: it writes every
+//     queued entry before its sinks close, so no entry of steps 1–3 is lost.
+//
+// It returns an error when ctx ran out before step 3 ended (the stores and
+// the audit log are closed anyway; an entry recorded after that is logged
+// instead, see audit.Log.Close). Calling it again returns the first result.
 func (a *App) Shutdown(ctx context.Context) error {
 	a.shutOnce.Do(func() { a.shutErr = a.shutdown(ctx) })
 	return a.shutErr
@@ -243,17 +253,32 @@ func (a *App) Shutdown(ctx context.Context) error {
 func (a *App) shutdown(ctx context.Context) error {
 	a.LAP.Drain()
 	var errs []error
-	if err := a.LAP.WaitIdle(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("waiting for in-flight calls: %w", err))
+	half, cancel := halfOf(ctx)
+	if err := a.LAP.WaitIdle(half); err != nil {
+		a.log.Warn("shutdown: calls still in flight after half the shutdown time; closing the tabs", "err", err)
 	}
+	cancel()
 	if err := a.Registry.Shutdown(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("closing tabs: %w", err))
+	}
+	if err := a.LAP.WaitIdle(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("waiting for in-flight calls: %w", err))
 	}
 	if err := a.Confirm.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("closing approvals: %w", err))
 	}
 	errs = append(errs, a.closeAll())
 	return errors.Join(errs...)
+}
+
+// halfOf is ctx with half of its remaining time (ctx itself when it has no
+// deadline).
+func halfOf(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Until(d)/2)
 }
 
 func (a *App) closeAll() error {
