@@ -24,6 +24,10 @@ type call struct {
 	tid   string
 	body  []byte         // nil when absent; may be invalid JSON (treated as null)
 	audit map[string]any // lap-call detail on success
+	// outcome: the route audited the call's outcome itself (msg-dispatched,
+	// msg-blocked, confirm-proposed…), so finish writes no lap-call: one
+	// entry per call.
+	outcome bool
 }
 
 // lapHandler answers a gated call: a value to write as JSON (json.RawMessage
@@ -128,11 +132,21 @@ func (c *call) finish() {
 		}
 	}
 	_ = c.s.cfg.Tokens.Touch(ctx, c.tid)
+	if c.outcome {
+		return // the route's outcome entry (msg-dispatched, …) is this call's entry
+	}
 	d := c.audit
 	if d == nil {
 		d = map[string]any{"path": c.s.cfg.BasePath + c.route}
 	}
 	c.s.audit(ctx, c.tid, c.rec.UID, audit.EventLapCall, d)
+}
+
+// auditOutcome records what the call did (msg-dispatched, msg-blocked,
+// confirm-*) as the call's audit entry, in place of the lap-call.
+func (c *call) auditOutcome(event string, detail map[string]any) {
+	c.outcome = true
+	c.s.audit(c.ctx, c.tid, c.rec.UID, event, detail)
 }
 
 var activeFrame = json.RawMessage(`{"t":"active"}`)

@@ -105,7 +105,7 @@ func (c *call) checkPolicy(msg json.RawMessage, variant string) (*schema.Rejecti
 		return nil, nil, nil
 	}
 	if rej := pol.Check(msg); rej != nil {
-		c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventMsgBlocked, map[string]any{"variant": variant, "status": "rejected", "reason": rej.Reason, "source": "server-policy"})
+		c.auditOutcome(audit.EventMsgBlocked, map[string]any{"variant": variant, "status": "rejected", "reason": rej.Reason, "source": "server-policy"})
 		return rej, pol, nil
 	}
 	return nil, pol, nil
@@ -162,10 +162,10 @@ func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
 	switch out.Status {
 	case "pending-confirmation":
 	case "rejected":
-		c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventMsgBlocked, map[string]any{"variant": variant, "status": out.Status})
+		c.auditOutcome(audit.EventMsgBlocked, map[string]any{"variant": variant, "status": out.Status})
 		return res, nil
 	default:
-		c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventMsgDispatched, map[string]any{"variant": variant, "status": out.Status})
+		c.auditOutcome(audit.EventMsgDispatched, map[string]any{"variant": variant, "status": out.Status})
 		return res, nil
 	}
 	if out.ConfirmID == "" {
@@ -180,7 +180,7 @@ func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
 	if err := c.s.cfg.Confirm.Propose(context.WithoutCancel(c.ctx), p); err != nil {
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "recording the approval: "+err.Error())
 	}
-	c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventConfirmProposed, map[string]any{"variant": variant, "confirmId": out.ConfirmID})
+	c.auditOutcome(audit.EventConfirmProposed, map[string]any{"variant": variant, "confirmId": out.ConfirmID})
 	body, done := c.awaitConfirm(out.ConfirmID, variant, wait)
 	if !done {
 		return map[string]any{"status": "pending-confirmation", "confirmId": out.ConfirmID}, nil
@@ -204,7 +204,7 @@ func (c *call) awaitConfirm(confirmID, variant string, wait time.Duration) (any,
 		d["variant"] = variant
 	}
 	if r.Status == "confirmed" {
-		c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventConfirmApproved, d)
+		c.auditOutcome(audit.EventConfirmApproved, d)
 		return concat(`{"status":"confirmed","stateAfter":`, orNull(r.StateAfter), `}`), true
 	}
 	reason := r.Reason
@@ -213,7 +213,7 @@ func (c *call) awaitConfirm(confirmID, variant string, wait time.Duration) (any,
 	}
 	if reason == "user-cancelled" {
 		_ = c.s.cfg.Registry.Push(c.tid, map[string]any{"t": "confirm-expire", "confirmId": confirmID})
-		c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventConfirmRejected, d)
+		c.auditOutcome(audit.EventConfirmRejected, d)
 	}
 	return map[string]string{"status": "rejected", "reason": reason}, true
 }
