@@ -11,6 +11,7 @@ import (
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/confirm"
+	"github.com/lapd-dev/lapd/internal/jsonscan"
 	"github.com/lapd-dev/lapd/schema"
 )
 
@@ -154,11 +155,17 @@ func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
 	if ae != nil {
 		return nil, ae
 	}
-	var out struct {
-		Status    string `json:"status"`
-		ConfirmID string `json:"confirmId"`
-	}
-	_ = json.Unmarshal(res, &out)
+	// Read status and confirmId without decoding the rest (stateDiff,
+	// actions), which is only forwarded.
+	var out struct{ Status, ConfirmID string }
+	jsonscan.Object(res, func(k, v []byte) {
+		switch string(k) {
+		case "status":
+			out.Status, _ = jsonscan.String(v)
+		case "confirmId":
+			out.ConfirmID, _ = jsonscan.String(v)
+		}
+	})
 	switch out.Status {
 	case "pending-confirmation":
 	case "rejected":

@@ -658,10 +658,10 @@ func (r *Registry) afterClose(tid, reason string) {
 	if _, err := r.cfg.Tokens.Disconnected(context.Background(), tid); err != nil {
 		r.cfg.Logger.Warn("pairing: marking the token pending-resume failed", "tid", tid, "err", err)
 	}
+	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason}})
 	if h := r.hooks.Load(); h.OnClosed != nil {
 		h.OnClosed(tid)
 	}
-	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason}})
 }
 
 // Shutdown closes every socket with close code 1012 (service restart; the
