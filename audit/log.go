@@ -30,6 +30,11 @@ type Config struct {
 	// wait again (a dead disk must not add FullWait to every request).
 	FullWait time.Duration
 
+	// Linger is how long the writer waits for more entries before writing
+	// a batch smaller than LingerBatch (fewer, larger transactions); it
+	// never delays Flush or Close. Default 5ms; negative = no wait.
+	Linger time.Duration
+
 	// RecordLimited budget per source and event: LimitBurst entries, then
 	// one per LimitEvery; entries over it are counted and summarised once
 	// per Window. Defaults 10, 1s, 10s; at most MaxSources sources are
@@ -60,6 +65,9 @@ const (
 	DefaultLimitEvery = time.Second
 	DefaultWindow     = 10 * time.Second
 	DefaultMaxSources = 10000
+	DefaultLinger     = 5 * time.Millisecond
+	// LingerBatch is the batch size at which the writer stops lingering.
+	LingerBatch = 256
 )
 
 // Log fans entries out to its sinks through a bounded queue and one writer.
@@ -80,6 +88,8 @@ type Log struct {
 	idle     chan struct{} // closed when the writer exits; nil while none ran
 	overflow bool          // a drop happened and the queue has not drained below half since
 	dropped  overflowTally // drops not yet reported by an audit-overflow entry
+	wake     chan struct{} // non-nil while the writer lingers; closed to end the wait
+	hurry    int           // Flush calls waiting, or 1<<30 once Close began: no lingering
 
 	lim limiter
 
@@ -122,6 +132,9 @@ func New(cfg Config) *Log {
 	if cfg.MaxSources <= 0 {
 		cfg.MaxSources = DefaultMaxSources
 	}
+	if cfg.Linger == 0 {
+		cfg.Linger = DefaultLinger
+	}
 	cfg.Sinks = append([]Sink(nil), cfg.Sinks...)
 	l := &Log{cfg: cfg, space: make(chan struct{}), progress: make(chan struct{})}
 	l.lim.log = l
@@ -159,6 +172,9 @@ func (l *Log) Record(ctx context.Context, e Entry) {
 		if len(l.q) < l.cfg.QueueSize {
 			l.q = append(l.q, e)
 			l.seq++
+			if len(l.q) >= LingerBatch {
+				l.wakeLocked()
+			}
 			if !l.writing {
 				l.writing = true
 				l.idle = make(chan struct{})
@@ -207,11 +223,33 @@ func (l *Log) dropLocked(e Entry) {
 	}
 }
 
+// wakeLocked ends the writer's linger. Caller holds l.mu.
+func (l *Log) wakeLocked() {
+	if l.wake != nil {
+		close(l.wake)
+		l.wake = nil
+	}
+}
+
 // writeLoop writes batches until the queue is empty, then exits.
 func (l *Log) writeLoop(idle chan struct{}) {
 	defer close(idle)
 	for {
 		l.mu.Lock()
+		if l.cfg.Linger > 0 && len(l.q) < LingerBatch && l.hurry == 0 {
+			// Group commit: let more entries join this batch.
+			wake := make(chan struct{})
+			l.wake = wake
+			l.mu.Unlock()
+			t := time.NewTimer(l.cfg.Linger)
+			select {
+			case <-t.C:
+			case <-wake:
+			}
+			t.Stop()
+			l.mu.Lock()
+			l.wake = nil
+		}
 		if l.dropped.n > 0 && len(l.q) < l.cfg.QueueSize {
 			// Report the drops in the stream itself, in order.
 			l.q = append(l.q, l.overflowEntryLocked())
@@ -292,6 +330,15 @@ func (l *Log) Flush(ctx context.Context) error {
 	if l == nil {
 		return nil
 	}
+	l.mu.Lock()
+	l.hurry++
+	l.wakeLocked()
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.hurry--
+		l.mu.Unlock()
+	}()
 	for {
 		l.mu.Lock()
 		if l.written >= l.seq {
@@ -347,6 +394,10 @@ func (l *Log) Close() error {
 		l.lim.flush()
 		// Drain: entries recorded while the writer empties the queue still
 		// get in; once it is empty and idle, later ones are late.
+		l.mu.Lock()
+		l.hurry += 1 << 30
+		l.wakeLocked()
+		l.mu.Unlock()
 		for {
 			l.mu.Lock()
 			if len(l.q) == 0 && !l.writing {

@@ -26,9 +26,10 @@ import (
 // reuses the freed pages rather than shrinking the file. Safe for
 // concurrent use.
 type SQLiteSink struct {
-	db     *sql.DB
-	ownsDB bool
-	insert *sql.Stmt
+	db      *sql.DB
+	ownsDB  bool
+	insert  *sql.Stmt // one row
+	insertN *sql.Stmt // insertRows rows
 
 	mu        sync.Mutex // serializes WriteBatch and pruning
 	ret       Retention
@@ -82,8 +83,18 @@ func NewSQLiteSink(db *sql.DB) (*SQLiteSink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit: prepare insert: %w", err)
 	}
-	return &SQLiteSink{db: db, insert: ins, size: -1, clock: time.Now}, nil
+	insN, err := db.Prepare(`INSERT INTO audit_entries (at, tid, uid, event, detail) VALUES ` +
+		strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?), ", insertRows), ", "))
+	if err != nil {
+		ins.Close()
+		return nil, fmt.Errorf("audit: prepare insert: %w", err)
+	}
+	return &SQLiteSink{db: db, insert: ins, insertN: insN, size: -1, clock: time.Now}, nil
 }
+
+// insertRows is how many rows one multi-row INSERT of a batch carries: the
+// per-statement overhead is paid once per insertRows entries.
+const insertRows = 32
 
 // SetRetention makes the sink delete entries beyond r as it writes. Call it
 // before the sink is used.
@@ -140,15 +151,25 @@ func (s *SQLiteSink) WriteBatch(ctx context.Context, b *Batch) error {
 	if err != nil {
 		return fmt.Errorf("audit: begin batch: %w", err)
 	}
-	ins := tx.StmtContext(ctx, s.insert)
+	ins, insN := tx.StmtContext(ctx, s.insert), tx.StmtContext(ctx, s.insertN)
 	var added int64
-	for i, e := range b.Entries {
-		d := b.Detail(i)
-		if _, err := ins.ExecContext(ctx, e.At, nullable(e.TID), nullable(e.UID), e.Event, string(d)); err != nil {
-			_ = tx.Rollback()
-			return fmt.Errorf("audit: insert %s entry: %w", e.Event, err)
+	args := make([]any, 0, 5*insertRows)
+	for i := 0; i < len(b.Entries); {
+		st, n := insN, insertRows
+		if len(b.Entries)-i < insertRows {
+			st, n = ins, 1
 		}
-		added += rowSize(len(d), e)
+		args = args[:0]
+		for _, e := range b.Entries[i : i+n] {
+			d := b.Detail(i)
+			args = append(args, e.At, nullable(e.TID), nullable(e.UID), e.Event, string(d))
+			added += rowSize(len(d), e)
+			i++
+		}
+		if _, err := st.ExecContext(ctx, args...); err != nil {
+			_ = tx.Rollback()
+			return fmt.Errorf("audit: insert %d entries: %w", n, err)
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("audit: commit batch of %d: %w", len(b.Entries), err)
@@ -283,7 +304,7 @@ func (s *SQLiteSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
 // Close releases the sink's statement, and the database if OpenSQLiteSink
 // opened it.
 func (s *SQLiteSink) Close() error {
-	err := s.insert.Close()
+	err := errors.Join(s.insert.Close(), s.insertN.Close())
 	if s.ownsDB {
 		err = errors.Join(err, s.db.Close())
 	}
