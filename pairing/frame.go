@@ -269,7 +269,7 @@ func (c *conn) handle(b []byte) {
 		s.visible = &v
 		s.mu.Unlock()
 	case "ping":
-		c.heartbeat()
+		c.heartbeat(true)
 		_ = c.enqueue([]byte(`{"t":"pong","at":` + strconv.FormatInt(time.Now().UnixMilli(), 10) + `}`))
 	case "hello":
 		c.hello(f)
@@ -284,11 +284,14 @@ func (c *conn) hello(f inFrame) {
 		r.drop(s.tid, CloseVersionSkew, "lap version too old", "version-skew")
 		return
 	}
-	h := &Hello{AppName: f.AppName, AppVersion: f.AppVersion, MsgSchema: clone(f.MsgSchema), StateSchema: clone(f.StateSchema),
-		AffordancesSample: clone(f.AffordancesSample), Docs: clone(f.Docs), SchemaHash: f.SchemaHash, Policy: clone(f.Policy)}
+	// The fields still alias the read buffer: intern copies them only
+	// when no tab sent this hello before.
+	h := &Hello{AppName: f.AppName, AppVersion: f.AppVersion, MsgSchema: f.MsgSchema, StateSchema: f.StateSchema,
+		AffordancesSample: f.AffordancesSample, Docs: f.Docs, SchemaHash: f.SchemaHash, Policy: f.Policy}
 	if f.LapVersion != nil {
 		h.LapVersion = int(*f.LapVersion)
 	}
+	h = r.hellos.intern(h)
 	s.mu.Lock()
 	if s.cur == c {
 		s.hello = h

@@ -224,6 +224,17 @@ func (tb *tab) next() map[string]any {
 		}
 		return m
 	case <-tb.done:
+		// Frames read before the socket ended come first (select picks
+		// among ready cases at random).
+		select {
+		case b := <-tb.frames:
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				tb.t.Fatalf("server sent non-JSON %q", b)
+			}
+			return m
+		default:
+		}
 		tb.t.Fatalf("socket ended: %v", tb.err)
 	case <-time.After(10 * time.Second):
 		tb.t.Fatal("timed out waiting for a frame")

@@ -135,6 +135,7 @@ type Stats struct {
 	HeartbeatCloses     int64 // sockets closed with 4408
 	QueueOverflowCloses int64 // sockets closed with 4008
 	ActiveTabs          int   // tids with a live socket now
+	ParkedTabs          int   // of those, idle ones held without a reader goroutine (Linux)
 }
 
 // ConfirmResolved is a tab's confirm-resolved frame.
@@ -186,8 +187,10 @@ type Config struct {
 
 // Registry holds the paired tabs. Safe for concurrent use.
 type Registry struct {
-	cfg   Config
-	hooks atomic.Pointer[Hooks]
+	cfg    Config
+	hooks  atomic.Pointer[Hooks]
+	hellos helloTable
+	park   parker
 
 	mu       sync.Mutex
 	sessions map[string]*session // live and recently closed tids
@@ -261,6 +264,7 @@ func New(cfg Config) (*Registry, error) {
 		cfg.LogRing = DefaultLogRing
 	}
 	r := &Registry{cfg: cfg, sessions: map[string]*session{}, closed: list.New(), stop: make(chan struct{})}
+	r.park.init(r)
 	h := cfg.Hooks
 	r.hooks.Store(&h)
 	return r, nil
@@ -289,6 +293,7 @@ func (r *Registry) Stats() Stats {
 		HeartbeatCloses:     r.hbCloses.Load(),
 		QueueOverflowCloses: r.overflowCloses.Load(),
 		ActiveTabs:          active,
+		ParkedTabs:          r.park.count(),
 	}
 }
 
@@ -503,7 +508,9 @@ func (r *Registry) IsPaired(tid string) bool {
 	return err == nil && !s.isClosed()
 }
 
-// Hello returns tid's cached hello (kept for Retention after the socket closes).
+// Hello returns tid's cached hello (kept for Retention after the socket
+// closes). Tabs that sent identical hellos share one copy: the RawMessage
+// fields must not be changed.
 func (r *Registry) Hello(tid string) (Hello, bool) {
 	r.mu.Lock()
 	s := r.sessions[tid]
@@ -687,9 +694,11 @@ func (r *Registry) Shutdown(ctx context.Context) error {
 	for _, c := range conns {
 		c.close(CloseRestart, "server restarting")
 	}
+	r.park.stop()
 	done := make(chan struct{})
 	go func() {
 		r.wg.Wait()
+		r.park.closeFDs()
 		close(done)
 	}()
 	select {

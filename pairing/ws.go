@@ -6,11 +6,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -40,8 +42,9 @@ type conn struct {
 
 	mu       sync.Mutex
 	q        [][]byte
-	inFlight int  // frames taken by the writer, not yet written
-	writing  bool // a writer goroutine is running
+	inFlight int           // frames taken by the writer, not yet written
+	writing  bool          // a writer goroutine is running
+	wdone    chan struct{} // closed when that writer exits
 	closing  bool // close(code) was called
 	code     int  // the code we closed with, 0 = the peer or the network did
 	gone     bool // the reader has exited; nothing may start goroutines for this conn
@@ -49,21 +52,62 @@ type conn struct {
 	pinged   bool // a ping is outstanding
 	ponged   bool // it was answered
 	missed   int  // consecutive unanswered pings
+	appBeats bool         // the tab sends {t:'ping'} heartbeats: no WebSocket pings needed
+	lastBeat atomic.Int64 // ms of its last sign of life (any frame, or a pong)
+	inWait   bool // the reader is in waitIdle (guarded by mu)
+	kicked   bool // the registry loop ended that wait: the tab is idle (guarded by mu)
+
+	br      *bufio.Reader // the socket's read buffer (from Hijack), for parking
+	closeMu sync.Mutex    // held around ws.Close, whose handshake reads br too
+	fd     int           // the socket's file descriptor (-1 = unknown: never parked)
+	parkID int32         // non-zero while parked (guarded by Registry.park.mu)
+	reads  atomic.Uint64 // frames read; the loop compares it between ticks
+	seen   uint64        // reads at the loop's last tick (loop goroutine only)
 }
 
 // closeGrace bounds a server-initiated close handshake.
 const closeGrace = time.Second
 
-// hijackRecorder keeps the net.Conn that websocket.Accept hijacks.
+// hijackRecorder keeps the net.Conn that websocket.Accept hijacks, and
+// hands the library small buffers: net/http gives the hijacker its 4 KiB
+// read buffer and a fresh 4 KiB write buffer, which an idle tab would keep
+// for its whole life (8 KiB of its memory). Frames larger than a buffer are
+// read and written past it, so only small frames go through them.
 type hijackRecorder struct {
 	http.ResponseWriter
 	nc net.Conn
+	br *bufio.Reader
 }
+
+// Buffer sizes of an accepted socket: a ping, a log-append or an rpc frame
+// fits in one read or write.
+const (
+	readBufSize  = 512
+	writeBufSize = 512
+)
 
 func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	nc, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
+	if err != nil {
+		return nc, brw, err
+	}
 	h.nc = nc
-	return nc, brw, err
+	br := bufio.NewReaderSize(nc, readBufSize)
+	if n := brw.Reader.Buffered(); n > 0 {
+		// Bytes the client sent right after its request (its first frames)
+		// must stay buffered: websocket.Accept keeps what the reader it
+		// gets has buffered and reads the rest from the connection.
+		early, _ := brw.Reader.Peek(n)
+		br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(early)), nc), max(readBufSize, n))
+		if _, err := br.Peek(n); err != nil {
+			return nc, brw, err
+		}
+	}
+	if err := brw.Writer.Flush(); err != nil {
+		return nc, brw, err
+	}
+	h.br = br
+	return nc, bufio.NewReadWriter(br, bufio.NewWriterSize(nc, writeBufSize)), nil
 }
 
 // refuse writes the JSON error envelope and audits the refusal.
@@ -215,7 +259,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		// X-Forwarded-* support), so the library's own check is skipped.
 		InsecureSkipVerify: true,
 		CompressionMode:    websocket.CompressionDisabled,
-		OnPongReceived:     func(context.Context, []byte) { c.heartbeat() },
+		OnPongReceived:     func(context.Context, []byte) { c.heartbeat(false) },
 	})
 	if err != nil {
 		r.refused.Add(1)
@@ -224,7 +268,9 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	ws.SetReadLimit(r.cfg.MaxFrame)
-	c.ws, c.nc = ws, hr.nc
+	c.ws, c.nc, c.br = ws, hr.nc, hr.br
+	c.fd = connFD(hr.nc)
+	c.lastBeat.Store(time.Now().UnixMilli())
 	if !r.register(rec.TID, c) { // Shutdown began meanwhile
 		_, _ = r.cfg.Tokens.Disconnected(context.Background(), rec.TID)
 		if c.nc != nil {
@@ -233,10 +279,27 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		ws.Close(CloseRestart, "server restarting")
 		return
 	}
-	r.cfg.Audit.Record(ctx, audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventClaim,
+	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventClaim,
 		Detail: map[string]any{"transport": "ws", "repair": repair}})
-	err = c.readLoop()
-	r.connGone(c, err)
+	// The socket is served by a goroutine of its own, and this handler
+	// returns: the HTTP server's goroutine (its stack grown by serving the
+	// request) and the request's memory do not stay with an idle tab. The
+	// count taken here is the socket's until connGone, parked or not.
+	r.wg.Add(1) // legal: this handler holds a count
+	go c.serve()
+}
+
+// errParked: the reader parked the socket (see parker) and exits.
+var errParked = errors.New("pairing: parked")
+
+// serve reads the socket until it ends, or parks it.
+func (c *conn) serve() {
+	err := c.readLoop()
+	if err == errParked {
+		return // the parker runs serve again when the tab sends something
+	}
+	c.r.connGone(c, err)
+	c.r.wg.Done()
 }
 
 // register makes c the tid's socket; an older one is superseded.
@@ -365,16 +428,19 @@ func (c *conn) enqueue(b []byte) error {
 	c.q = append(c.q, b)
 	if !c.writing {
 		c.writing = true
+		c.wdone = make(chan struct{})
 		c.r.wg.Add(1) // legal: the live reader holds a count (c.gone is false)
-		go c.writeLoop()
+		go c.writeLoop(c.wdone)
 	}
 	c.mu.Unlock()
 	return nil
 }
 
-// writeLoop drains the queue and exits when it is empty.
-func (c *conn) writeLoop() {
+// writeLoop drains the queue and exits when it is empty (or the socket is
+// closing: close writes what is left after this writer's batch).
+func (c *conn) writeLoop(done chan struct{}) {
 	defer c.r.wg.Done()
+	defer close(done)
 	for {
 		c.mu.Lock()
 		c.inFlight = 0
@@ -396,7 +462,8 @@ func (c *conn) writeLoop() {
 				c.mu.Lock()
 				c.writing, c.inFlight, c.q = false, 0, nil
 				c.mu.Unlock()
-				c.ws.CloseNow() // the reader sees it and cleans up
+				c.r.park.unpark(c) // a reader must see the close and clean up
+				c.ws.CloseNow()
 				return
 			}
 		}
@@ -414,13 +481,25 @@ func (c *conn) close(code int, reason string) {
 	c.code = code
 	pending := c.q
 	c.q = nil
+	writer := c.wdone
+	if !c.writing {
+		writer = nil
+	}
 	c.r.wg.Add(1)
 	c.mu.Unlock()
+	c.r.park.unpark(c) // before the socket closes: a reader must clean up
 	go func() {
 		defer c.r.wg.Done()
-		// Frames queued before the close (e.g. {t:'revoked'}) go out first,
-		// unless the writer is stuck.
+		// Frames queued before the close (e.g. {t:'revoked'}) go out first:
+		// the writer's batch in flight, then what was still queued, unless
+		// the writer is stuck.
 		ctx, cancel := context.WithTimeout(context.Background(), closeGrace)
+		if writer != nil {
+			select {
+			case <-writer:
+			case <-ctx.Done():
+			}
+		}
 		if code == CloseQueueOverflow {
 			pending = nil
 		}
@@ -435,26 +514,37 @@ func (c *conn) close(code int, reason string) {
 		if c.nc != nil {
 			_ = c.nc.SetDeadline(time.Now().Add(closeGrace))
 		}
+		c.closeMu.Lock()
 		c.ws.Close(websocket.StatusCode(code), reason)
+		c.closeMu.Unlock()
 	}()
 }
 
-// heartbeat records a sign of life (a pong, or a {t:'ping'} frame).
-func (c *conn) heartbeat() {
+// heartbeat records a sign of life (a pong, or a {t:'ping'} frame: app
+// true).
+func (c *conn) heartbeat(app bool) {
 	c.mu.Lock()
 	c.ponged, c.missed = true, 0
+	c.lastBeat.Store(time.Now().UnixMilli())
+	if app {
+		c.appBeats = true
+	}
 	c.mu.Unlock()
 	c.s.mu.Lock()
 	c.s.lastHB = time.Now().UnixMilli()
 	c.s.mu.Unlock()
 }
 
-// loop is the registry-wide heartbeat and sweep loop. It exits on Shutdown or
-// when no tid is left.
+// loop is the registry-wide heartbeat, park and sweep loop: every tick
+// (a third of PingInterval, at most parkAfter) it trims closed sessions and
+// kicks idle readers so they park; every PingInterval it pings. It exits on
+// Shutdown or when no tid is left.
 func (r *Registry) loop() {
 	defer r.wg.Done()
-	t := time.NewTicker(r.cfg.PingInterval)
+	tick := min(r.cfg.PingInterval/3, parkAfter)
+	t := time.NewTicker(tick)
 	defer t.Stop()
+	lastPing := time.Now()
 	for {
 		select {
 		case <-r.stop:
@@ -477,18 +567,44 @@ func (r *Registry) loop() {
 			s.mu.Unlock()
 		}
 		r.mu.Unlock()
+		pingNow := time.Since(lastPing) >= r.cfg.PingInterval-tick/2
+		if pingNow {
+			lastPing = time.Now()
+		}
 		for _, c := range conns {
-			c.ping()
+			c.kickIfIdle()
+			if pingNow {
+				c.ping()
+			}
 		}
 	}
 }
 
+// parkAfter bounds how long a tab with nothing to read keeps its reader
+// goroutine before it is parked (at the next tick of the loop after that).
+const parkAfter = time.Second
+
 // ping checks the last ping's answer and sends the next one. The goroutine
 // that sends it lives until the pong (about a round trip) or PingInterval.
+//
+// A tab that sends its own {t:'ping'} heartbeats (lapd.js does, every
+// hello-ack heartbeatMs) gets no WebSocket pings: it is closed (4408) when
+// it has sent nothing for two intervals and a half. Besides saving a frame
+// each way, that keeps an idle tab's reader parked outside the WebSocket
+// library (a pong is read inside it).
 func (c *conn) ping() {
 	c.mu.Lock()
 	if c.closing || c.gone {
 		c.mu.Unlock()
+		return
+	}
+	if c.appBeats {
+		silent := time.Now().UnixMilli() - c.lastBeat.Load()
+		c.mu.Unlock()
+		if silent > (c.r.cfg.PingInterval * 5 / 2).Milliseconds() {
+			c.r.hbCloses.Add(1)
+			c.close(CloseHeartbeat, "heartbeat missed")
+		}
 		return
 	}
 	if c.pinged && !c.ponged {
@@ -519,25 +635,95 @@ const maxPooledBuf = 64 << 10
 var errFrameTooBig = errors.New("pairing: inbound frame over MaxFrame")
 
 // readLoop reads frames until the socket ends and returns why it ended.
+//
+// Idle, it waits for the next byte in waitReadable, called from this small
+// frame, rather than deep inside the WebSocket library's reader: an idle
+// tab's goroutine then uses little of its stack, which the runtime shrinks
+// (to 4 KiB; see docs/PERFORMANCE.md).
 func (c *conn) readLoop() error {
 	for {
-		_, rd, err := c.ws.Reader(context.Background())
-		if err != nil {
+		if c.bufferEmpty() && c.waitIdle() && c.r.park.park(c) {
+			return errParked
+		}
+		if err := c.readFrame(); err != nil {
 			return err
 		}
-		buf := bufPool.Get().(*bytes.Buffer)
-		buf.Reset()
-		_, err = buf.ReadFrom(rd)
-		if err == nil {
-			c.handle(buf.Bytes())
-		} else if int64(buf.Len()) >= c.r.cfg.MaxFrame {
-			err = errFrameTooBig // the library has closed the socket with 1009
-		}
-		if buf.Cap() <= maxPooledBuf {
-			bufPool.Put(buf)
-		}
-		if err != nil {
-			return err
-		}
+		c.reads.Add(1)
+		c.lastBeat.Store(time.Now().UnixMilli())
 	}
+}
+
+// bufferEmpty reports whether no byte waits in the read buffer (only then
+// may the reader wait on the socket itself). While lapd closes the socket
+// the library's close handshake reads the buffer: then it waits for that.
+func (c *conn) bufferEmpty() bool {
+	if c.br == nil {
+		return false
+	}
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	return c.br.Buffered() == 0
+}
+
+// waitIdle waits until the socket has something to read; true means the
+// registry loop found the tab idle meanwhile (kick), so it may be parked.
+func (c *conn) waitIdle() bool {
+	c.mu.Lock()
+	if c.closing || c.gone {
+		c.mu.Unlock()
+		return false
+	}
+	c.inWait = true
+	c.mu.Unlock()
+	waitReadable(c.nc)
+	c.mu.Lock()
+	c.inWait = false
+	kicked := c.kicked
+	c.kicked = false
+	c.mu.Unlock()
+	if kicked {
+		// The kick set a past read deadline to end the wait; clear it
+		// before anything reads (no new kick can come: inWait is false).
+		_ = c.nc.SetReadDeadline(time.Time{})
+	}
+	return kicked
+}
+
+// kickIfIdle ends the reader's wait when no frame arrived since the last
+// tick, so that it parks. Called by the registry loop only.
+func (c *conn) kickIfIdle() {
+	n := c.reads.Load()
+	idle := n == c.seen
+	c.seen = n
+	if !idle {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inWait && !c.kicked && !c.closing && !c.gone && c.fd >= 0 {
+		c.kicked = true
+		_ = c.nc.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// readFrame reads and handles one frame.
+//
+//go:noinline
+func (c *conn) readFrame() error {
+	_, rd, err := c.ws.Reader(context.Background())
+	if err != nil {
+		return err
+	}
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	_, err = buf.ReadFrom(rd)
+	if err == nil {
+		c.handle(buf.Bytes())
+	} else if int64(buf.Len()) >= c.r.cfg.MaxFrame {
+		err = errFrameTooBig // the library has closed the socket with 1009
+	}
+	if buf.Cap() <= maxPooledBuf {
+		bufPool.Put(buf)
+	}
+	return err
 }

@@ -28,7 +28,7 @@ func (b *bench) scenario(ctx context.Context, sc scenario, cn string) (Result, e
 	if sc.Kind == "floor" {
 		p, err = startProc(b.self, []string{"floor-server"}, "")
 	} else {
-		p, err = startLapd(b.bin, configs[cn], b.o.profileDir != "" && sc.Kind != "idle")
+		p, err = startLapd(b.bin, configs[cn], b.o.profileDir != "")
 	}
 	if err != nil {
 		return Result{}, err
@@ -160,6 +160,11 @@ func (b *bench) idle(ctx context.Context, p *proc, n int) (Result, error) {
 		return Result{}, err
 	}
 	rss1 := settledRSS(setup, p, b.o.settle)
+	if b.o.profileDir != "" && p.pprof != "" {
+		if err := p.heapProfile(ctx, b.o.profileDir, fmt.Sprintf("idle-%d-%s", n, p.config)); err != nil {
+			fmt.Fprintln(b.log, "heap profile:", err)
+		}
+	}
 	cpu0, _ := p.cpu()
 	t0 := time.Now()
 	time.Sleep(2 * time.Second)

@@ -47,6 +47,7 @@ type proc struct {
 	lines   atomic.Int64 // lines the server wrote to stdout (JSONL audit entries)
 	done    chan struct{}
 	pprof   string // pprof base URL when started with --pprof
+	config  string
 }
 
 var listenRE = regexp.MustCompile(`listening on (http://[0-9.:\[\]]+)`)
@@ -73,8 +74,10 @@ func startLapd(bin string, cfg config, pprofOn bool) (*proc, error) {
 	p, err := startProc(bin, args, dir)
 	if err != nil {
 		os.RemoveAll(dir)
+		return nil, err
 	}
-	return p, err
+	p.config = cfg.Name
+	return p, nil
 }
 
 func startProc(bin string, args []string, dataDir string) (*proc, error) {
@@ -254,6 +257,34 @@ func buildLapd(dir string) (string, error) {
 		return "", fmt.Errorf("building lapd (run lapbench from the repository root): %w", err)
 	}
 	return out, nil
+}
+
+// heapProfile saves the in-use heap (after a GC) and the goroutine
+// profile of the server.
+func (p *proc) heapProfile(ctx context.Context, dir, name string) error {
+	if p.pprof == "" {
+		return errors.New("server has no pprof listener")
+	}
+	for _, x := range []struct{ path, file string }{{"/debug/pprof/heap?gc=1", name + ".heap.pprof"},
+		{"/debug/pprof/goroutine", name + ".goroutine.pprof"}, {"/debug/pprof/heap?debug=1", name + ".memstats.txt"}} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.pprof+x.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		f, err := os.Create(filepath.Join(dir, x.file))
+		if err != nil {
+			resp.Body.Close()
+			return err
+		}
+		_, err = io.Copy(f, resp.Body)
+		resp.Body.Close()
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // profile fetches a CPU profile (seconds long) and an allocs profile from
