@@ -32,7 +32,7 @@ type Config struct {
 
 	// Linger is how long the writer waits for more entries before writing
 	// a batch smaller than LingerBatch (fewer, larger transactions); it
-	// never delays Flush or Close. Default 5ms; negative = no wait.
+	// never delays Flush or Close. Default 25ms; negative = no wait.
 	Linger time.Duration
 
 	// RecordLimited budget per source and event: LimitBurst entries, then
@@ -65,9 +65,9 @@ const (
 	DefaultLimitEvery = time.Second
 	DefaultWindow     = 10 * time.Second
 	DefaultMaxSources = 10000
-	DefaultLinger     = 5 * time.Millisecond
+	DefaultLinger     = 25 * time.Millisecond
 	// LingerBatch is the batch size at which the writer stops lingering.
-	LingerBatch = 256
+	LingerBatch = 512
 )
 
 // Log fans entries out to its sinks through a bounded queue and one writer.

@@ -168,7 +168,7 @@ func (s *JSONLSink) WriteBatch(_ context.Context, b *Batch) error {
 		buf = append(buf, b.Line(i)...)
 		buf = append(buf, '\n')
 	}
-	if cap(buf) <= 1<<20 {
+	if cap(buf) <= 64<<10 { // keep a modest buffer between batches
 		s.buf = buf
 	}
 	if err := s.rotateLocked(b.Entries[0].At); err != nil {

@@ -52,6 +52,7 @@ type conn struct {
 	pinged   bool // a ping is outstanding
 	ponged   bool // it was answered
 	missed   int  // consecutive unanswered pings
+	since    int64        // ms when the socket was accepted
 	appBeats bool         // the tab sends {t:'ping'} heartbeats: no WebSocket pings needed
 	lastBeat atomic.Int64 // ms of its last sign of life (any frame, or a pong)
 	inWait   bool // the reader is in waitIdle (guarded by mu)
@@ -83,7 +84,7 @@ type hijackRecorder struct {
 // fits in one read or write.
 const (
 	readBufSize  = 512
-	writeBufSize = 512
+	writeBufSize = 256
 )
 
 func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
@@ -270,7 +271,8 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	ws.SetReadLimit(r.cfg.MaxFrame)
 	c.ws, c.nc, c.br = ws, hr.nc, hr.br
 	c.fd = connFD(hr.nc)
-	c.lastBeat.Store(time.Now().UnixMilli())
+	c.since = time.Now().UnixMilli()
+	c.lastBeat.Store(c.since)
 	if !r.register(rec.TID, c) { // Shutdown began meanwhile
 		_, _ = r.cfg.Tokens.Disconnected(context.Background(), rec.TID)
 		if c.nc != nil {
@@ -598,13 +600,21 @@ func (c *conn) ping() {
 		c.mu.Unlock()
 		return
 	}
+	now := time.Now().UnixMilli()
 	if c.appBeats {
-		silent := time.Now().UnixMilli() - c.lastBeat.Load()
+		silent := now - c.lastBeat.Load()
 		c.mu.Unlock()
 		if silent > (c.r.cfg.PingInterval * 5 / 2).Milliseconds() {
 			c.r.hbCloses.Add(1)
 			c.close(CloseHeartbeat, "heartbeat missed")
 		}
+		return
+	}
+	if now-c.since < (c.r.cfg.PingInterval * 3 / 2).Milliseconds() {
+		// A new socket gets an interval and a half to show that it sends
+		// its own heartbeats (lapd.js's first comes one interval after
+		// hello-ack) before WebSocket pings start.
+		c.mu.Unlock()
 		return
 	}
 	if c.pinged && !c.ponged {

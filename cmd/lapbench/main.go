@@ -21,7 +21,10 @@
 //	message-16             POST /agent/lap/v1/message (addTask), 16 agents
 //	mcp-1, mcp-8           the observe tool over /agent/mcp (mcp-go client)
 //	idle-1000, idle-10000  N paired idle tabs: server RSS per tab
-//	                       ((RSS paired − RSS after minting) / N)
+//	                       ((RSS paired − RSS after minting) / N), settled
+//	                       (-settle) and again after a GC (started through
+//	                       lapd's --pprof listener; the runtime runs one at
+//	                       least every two minutes anyway)
 //
 // and reports requests per second, p50/p90/p99 latency, server CPU time per
 // request (utime+stime from /proc/PID/stat over the measured window) and the
@@ -168,11 +171,15 @@ type Result struct {
 	// Audit lines the server wrote to stdout per request (default config).
 	AuditPerReq float64 `json:"auditLinesPerReq,omitempty"`
 	// idle scenarios
-	Tabs          int     `json:"tabs,omitempty"`
-	RSSMintMiB    float64 `json:"rssAfterMintMiB,omitempty"`
-	RSSPairedMiB  float64 `json:"rssPairedMiB,omitempty"`
-	RSSPerTabKiB  float64 `json:"rssPerTabKiB,omitempty"`
-	IdleCPUPerTab float64 `json:"idleCpuUsPerTabPerSec,omitempty"`
+	Tabs         int     `json:"tabs,omitempty"`
+	RSSMintMiB   float64 `json:"rssAfterMintMiB,omitempty"`
+	RSSPairedMiB float64 `json:"rssPairedMiB,omitempty"`
+	RSSPerTabKiB float64 `json:"rssPerTabKiB,omitempty"`
+	// After a GC triggered through the profiler listener (the runtime runs
+	// one at least every two minutes; until then freed stacks and garbage
+	// of the pairing burst can stay resident).
+	RSSPerTabGCKiB float64 `json:"rssPerTabAfterGcKiB,omitempty"`
+	IdleCPUPerTab  float64 `json:"idleCpuUsPerTabPerSec,omitempty"`
 }
 
 // Report is the JSON file.

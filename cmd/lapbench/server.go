@@ -259,6 +259,25 @@ func buildLapd(dir string) (string, error) {
 	return out, nil
 }
 
+// rssAfterGC triggers a GC through the profiler listener (heap?gc=1),
+// gives the runtime two seconds to return memory and reads RSS; without a
+// listener it reads RSS as it is.
+func (p *proc) rssAfterGC(ctx context.Context) int64 {
+	if p.pprof != "" {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.pprof+"/debug/pprof/heap?gc=1", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		select {
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+		}
+	}
+	r, _ := p.rss()
+	return r
+}
+
 // heapProfile saves the in-use heap (after a GC) and the goroutine
 // profile of the server.
 func (p *proc) heapProfile(ctx context.Context, dir, name string) error {

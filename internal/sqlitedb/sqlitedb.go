@@ -29,7 +29,7 @@ const (
 	// token reads are served from memory (tokens.CachedStore) and audit
 	// writes append, so a small cache costs no speed and keeps the
 	// process's memory flat as tabs pair.
-	CacheKiB = 512
+	CacheKiB = 256
 )
 
 // Open opens (or creates) the database at path and checks that it answers.
