@@ -192,6 +192,10 @@ type Registry struct {
 	hellos helloTable
 	park   parker
 
+	// testHookConnect, set by a test before serving, runs in connect
+	// after a successful upgrade, before the token record moves.
+	testHookConnect func(tid string)
+
 	mu       sync.Mutex
 	sessions map[string]*session // live and recently closed tids
 	closed   *list.List          // of *session, oldest close first
@@ -210,6 +214,12 @@ type Registry struct {
 // hello and the recent-log ring.
 type session struct {
 	tid string
+
+	// stateMu orders the token record's connect/disconnect changes for
+	// this tid with the registry's view of its sockets (see reserve).
+	stateMu       sync.Mutex
+	pending       int  // upgrades in progress (reserved, not yet registered)
+	disconnectDue bool // a socket closed while an upgrade was pending
 
 	mu          sync.Mutex
 	cur         *conn // nil when no socket
@@ -295,6 +305,13 @@ func (r *Registry) Stats() Stats {
 		ActiveTabs:          active,
 		ParkedTabs:          r.park.count(),
 	}
+}
+
+// socket returns the live socket, or nil.
+func (s *session) socket() *conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
 }
 
 func (s *session) isClosed() bool {
@@ -657,17 +674,34 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 		_ = c.enqueue([]byte(`{"t":"revoked"}`))
 	}
 	c.close(code, reason)
-	r.afterClose(tid, auditReason)
+	r.afterClose(s, auditReason)
 }
 
-// afterClose runs when tid lost its socket for good (not superseded).
-func (r *Registry) afterClose(tid, reason string) {
+// afterClose runs when s lost its socket for good (not superseded). The
+// token record moves to pending-resume only if no newer socket of s is
+// registered or being upgraded; with an upgrade pending, the move waits
+// for its outcome (connect or unreserve).
+func (r *Registry) afterClose(s *session, reason string) {
+	s.stateMu.Lock()
+	if s.socket() == nil {
+		if s.pending > 0 {
+			s.disconnectDue = true
+		} else {
+			r.markDisconnected(s.tid)
+		}
+	}
+	s.stateMu.Unlock()
+	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: s.tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason}})
+	if h := r.hooks.Load(); h.OnClosed != nil {
+		h.OnClosed(s.tid)
+	}
+}
+
+// markDisconnected moves tid's record to pending-resume. Caller holds the
+// session's stateMu.
+func (r *Registry) markDisconnected(tid string) {
 	if _, err := r.cfg.Tokens.Disconnected(context.Background(), tid); err != nil {
 		r.cfg.Logger.Warn("pairing: marking the token pending-resume failed", "tid", tid, "err", err)
-	}
-	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason}})
-	if h := r.hooks.Load(); h.OnClosed != nil {
-		h.OnClosed(tid)
 	}
 }
 

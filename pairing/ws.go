@@ -45,25 +45,25 @@ type conn struct {
 	inFlight int           // frames taken by the writer, not yet written
 	writing  bool          // a writer goroutine is running
 	wdone    chan struct{} // closed when that writer exits
-	closing  bool // close(code) was called
-	code     int  // the code we closed with, 0 = the peer or the network did
-	gone     bool // the reader has exited; nothing may start goroutines for this conn
-	acked    bool // hello-ack sent at least once
-	pinged   bool // a ping is outstanding
-	ponged   bool // it was answered
-	missed   int  // consecutive unanswered pings
-	since    int64        // ms when the socket was accepted
-	appBeats bool         // the tab sends {t:'ping'} heartbeats: no WebSocket pings needed
-	lastBeat atomic.Int64 // ms of its last sign of life (any frame, or a pong)
-	inWait   bool // the reader is in waitIdle (guarded by mu)
-	kicked   bool // the registry loop ended that wait: the tab is idle (guarded by mu)
+	closing  bool          // close(code) was called
+	code     int           // the code we closed with, 0 = the peer or the network did
+	gone     bool          // the reader has exited; nothing may start goroutines for this conn
+	acked    bool          // hello-ack sent at least once
+	pinged   bool          // a ping is outstanding
+	ponged   bool          // it was answered
+	missed   int           // consecutive unanswered pings
+	since    int64         // ms when the socket was accepted
+	appBeats bool          // the tab sends {t:'ping'} heartbeats: no WebSocket pings needed
+	lastBeat atomic.Int64  // ms of its last sign of life (any frame, or a pong)
+	inWait   bool          // the reader is in waitIdle (guarded by mu)
+	kicked   bool          // the registry loop ended that wait: the tab is idle (guarded by mu)
 
 	br      *bufio.Reader // the socket's read buffer (from Hijack), for parking
 	closeMu sync.Mutex    // held around ws.Close, whose handshake reads br too
-	fd     int           // the socket's file descriptor (-1 = unknown: never parked)
-	parkID int32         // non-zero while parked (guarded by Registry.park.mu)
-	reads  atomic.Uint64 // frames read; the loop compares it between ticks
-	seen   uint64        // reads at the loop's last tick (loop goroutine only)
+	fd      int           // the socket's file descriptor (-1 = unknown: never parked)
+	parkID  int32         // non-zero while parked (guarded by Registry.park.mu)
+	reads   atomic.Uint64 // frames read; the loop compares it between ticks
+	seen    uint64        // reads at the loop's last tick (loop goroutine only)
 }
 
 // closeGrace bounds a server-initiated close handshake.
@@ -237,8 +237,9 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.refuse(w, req, http.StatusBadRequest, "invalid", "expected a WebSocket upgrade", "")
 		return
 	}
-	ctx := req.Context()
-	rec, repair, err := r.cfg.Tokens.Accept(ctx, token)
+	// The token is checked, and nothing is changed, before the upgrade: an
+	// upgrade that fails leaves the session as it was.
+	rec, err := r.cfg.Tokens.CheckAccept(req.Context(), token)
 	switch {
 	case errors.Is(err, tokens.ErrRevoked):
 		r.refuse(w, req, http.StatusForbidden, "revoked", "token revoked", rec.TID)
@@ -251,8 +252,13 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.refuse(w, req, http.StatusInternalServerError, "internal", "token store unavailable", rec.TID)
 		return
 	}
+	s := r.reserve(rec.TID)
+	if s == nil {
+		r.refuse(w, req, http.StatusServiceUnavailable, "shutting-down", "", rec.TID)
+		return
+	}
 
-	c := &conn{r: r, repair: repair}
+	c := &conn{r: r, s: s}
 	hr := &hijackRecorder{ResponseWriter: w}
 	ws, err := websocket.Accept(hr, req, &websocket.AcceptOptions{
 		Subprotocols: []string{Subprotocol},
@@ -265,7 +271,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if err != nil {
 		r.refused.Add(1)
 		r.cfg.Logger.Info("pairing: WebSocket upgrade failed", "tid", rec.TID, "err", err)
-		_, _ = r.cfg.Tokens.Disconnected(context.Background(), rec.TID)
+		r.unreserve(s)
 		return
 	}
 	ws.SetReadLimit(r.cfg.MaxFrame)
@@ -273,14 +279,20 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	c.fd = connFD(hr.nc)
 	c.since = time.Now().UnixMilli()
 	c.lastBeat.Store(c.since)
-	if !r.register(rec.TID, c) { // Shutdown began meanwhile
-		_, _ = r.cfg.Tokens.Disconnected(context.Background(), rec.TID)
+	repair, code, err := r.connect(s, c, rec.TokenHash)
+	if err != nil {
+		if code == CloseRestart {
+			r.refused.Add(1)
+		} else {
+			r.cfg.Logger.Info("pairing: the token changed during the upgrade", "tid", rec.TID, "err", err)
+		}
 		if c.nc != nil {
 			_ = c.nc.SetDeadline(time.Now().Add(closeGrace))
 		}
-		ws.Close(CloseRestart, "server restarting")
+		ws.Close(websocket.StatusCode(code), closeText(code))
 		return
 	}
+	c.repair = repair
 	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventClaim,
 		Detail: map[string]any{"transport": "ws", "repair": repair}})
 	// The socket is served by a goroutine of its own, and this handler
@@ -304,18 +316,109 @@ func (c *conn) serve() {
 	c.r.wg.Done()
 }
 
+// reserve notes that a socket for tid is being upgraded (nil while
+// shutting down). Until the socket is registered (connect) or its upgrade
+// fails (unreserve), a socket of tid that closes does not move the token
+// record to pending-resume: that would mark the new, live socket's session
+// disconnected (see afterClose).
+func (r *Registry) reserve(tid string) *session {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.shutting {
+		return nil
+	}
+	s := r.sessions[tid]
+	if s == nil {
+		s = &session{tid: tid}
+		r.sessions[tid] = s
+	}
+	if s.closedElem != nil { // kept while the upgrade runs
+		r.closed.Remove(s.closedElem)
+		s.closedElem = nil
+	}
+	s.stateMu.Lock()
+	s.pending++
+	s.stateMu.Unlock()
+	return s
+}
+
+// unreserve ends a reservation whose upgrade failed: nothing changes,
+// except that a disconnect deferred for this upgrade is applied now.
+func (r *Registry) unreserve(s *session) {
+	s.stateMu.Lock()
+	s.pending--
+	applyDue := s.pending == 0 && s.disconnectDue && s.socket() == nil
+	if s.pending == 0 {
+		s.disconnectDue = false
+	}
+	if applyDue {
+		r.markDisconnected(s.tid)
+	}
+	s.stateMu.Unlock()
+	r.mu.Lock()
+	if s.socket() == nil && !s.dropped && r.sessions[s.tid] == s && s.closedElem == nil {
+		s.closedAt = time.Now()
+		s.closedElem = r.closed.PushBack(s)
+		r.trimClosedLocked()
+	}
+	r.mu.Unlock()
+}
+
+// connect moves the token record for c's now open socket (Connected) and
+// registers c as s's socket, superseding an older one, as one step with
+// respect to the session's other state changes. On error c must be closed
+// with code.
+func (r *Registry) connect(s *session, c *conn, tokenHash string) (repair bool, code int, err error) {
+	if r.testHookConnect != nil {
+		r.testHookConnect(s.tid)
+	}
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	s.pending--
+	due := s.disconnectDue && s.pending == 0
+	if s.pending == 0 {
+		s.disconnectDue = false
+	}
+	_, repair, err = r.cfg.Tokens.Connected(context.Background(), s.tid, tokenHash)
+	if err != nil {
+		if due && s.socket() == nil {
+			r.markDisconnected(s.tid)
+		}
+		code := int(websocket.StatusInternalError) // the store failed: the tab may retry
+		if errors.Is(err, tokens.ErrRevoked) || errors.Is(err, tokens.ErrExpired) || errors.Is(err, tokens.ErrUnknown) {
+			code = CloseRevoked
+		}
+		return false, code, err
+	}
+	if !r.register(s, c) { // Shutdown began meanwhile
+		r.markDisconnected(s.tid)
+		return false, CloseRestart, ErrClosed
+	}
+	return repair, 0, nil
+}
+
+// closeText is the close reason sent with a code from connect.
+func closeText(code int) string {
+	switch code {
+	case CloseRestart:
+		return "server restarting"
+	case CloseRevoked:
+		return "token no longer valid"
+	}
+	return "token store unavailable"
+}
+
 // register makes c the tid's socket; an older one is superseded.
-func (r *Registry) register(tid string, c *conn) bool {
+func (r *Registry) register(s *session, c *conn) bool {
 	now := time.Now().UnixMilli()
 	r.mu.Lock()
 	if r.shutting {
 		r.mu.Unlock()
 		return false
 	}
-	s := r.sessions[tid]
-	if s == nil {
-		s = &session{tid: tid}
-		r.sessions[tid] = s
+	if r.sessions[s.tid] != s { // dropped (revoked) during the upgrade
+		r.mu.Unlock()
+		return false
 	}
 	if s.closedElem != nil {
 		r.closed.Remove(s.closedElem)
@@ -366,7 +469,7 @@ func (r *Registry) connGone(c *conn, readErr error) {
 	}
 	r.mu.Unlock()
 	if mine {
-		r.afterClose(s.tid, closeReason(code, readErr))
+		r.afterClose(s, closeReason(code, readErr))
 	}
 }
 

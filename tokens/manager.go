@@ -165,20 +165,30 @@ func (m *Manager) check(rec Record, now int64) error {
 	return nil
 }
 
-// Accept is called before a WebSocket upgrade. It verifies the token, refuses a
-// pending-resume record past its grace (ErrExpired), and moves the record to
-// awaiting-claude (or back to active when it was pending-resume inside grace:
-// repair=true).
-func (m *Manager) Accept(ctx context.Context, token string) (rec Record, repair bool, err error) {
-	found, err := m.Verify(ctx, token)
+// CheckAccept verifies a token before a WebSocket upgrade and changes
+// nothing: the same errors as Verify, plus ErrExpired for a pending-resume
+// record past its grace. The upgrade may still fail; only Connected, once
+// the socket is up, moves the record.
+func (m *Manager) CheckAccept(ctx context.Context, token string) (Record, error) {
+	rec, err := m.Verify(ctx, token)
 	if err != nil {
-		return found, false, err
+		return rec, err
 	}
-	rec, err = m.cfg.Store.Update(ctx, found.TID, func(r *Record) error {
+	if rec.Status == StatusPendingResume && !insideGrace(rec, m.Now()) {
+		return rec, ErrExpired
+	}
+	return rec, nil
+}
+
+// Connected records that a socket for tid, opened with the token whose hash
+// is tokenHash, is now up: the record moves to awaiting-claude (or back to
+// active when it was pending-resume inside its grace: repair=true). The
+// record is checked again first (revoked, expired, claimed with a new token
+// meanwhile: the error of Verify, and the socket must be closed).
+func (m *Manager) Connected(ctx context.Context, tid, tokenHash string) (rec Record, repair bool, err error) {
+	rec, err = m.cfg.Store.Update(ctx, tid, func(r *Record) error {
 		now := m.Now()
-		// Re-check inside the transaction: the record may have moved on
-		// (revoked, claimed with a new hash) since Verify read it.
-		if r.TokenHash != found.TokenHash {
+		if r.TokenHash != tokenHash {
 			return ErrUnknown
 		}
 		if err := m.check(*r, now); err != nil {
@@ -209,6 +219,16 @@ func (m *Manager) Accept(ctx context.Context, token string) (rec Record, repair 
 		return rec, false, err
 	}
 	return rec, repair, nil
+}
+
+// Accept is CheckAccept and Connected in one step, for callers that have
+// no upgrade that could fail in between.
+func (m *Manager) Accept(ctx context.Context, token string) (Record, bool, error) {
+	found, err := m.CheckAccept(ctx, token)
+	if err != nil {
+		return found, false, err
+	}
+	return m.Connected(ctx, found.TID, found.TokenHash)
 }
 
 // Activate moves awaiting-claude → active with label uid ?? label ?? "Claude"

@@ -16,7 +16,8 @@
 //	m, err := tokens.NewManager(tokens.Config{Store: store}) // 24h TTL, 60s grace
 //
 //	token, rec, err := m.Mint(ctx, uid, origin, "")  // POST /agent/mint: show token once
-//	rec, repair, err := m.Accept(ctx, token)          // before the WebSocket upgrade
+//	rec, err := m.CheckAccept(ctx, token)             // before the WebSocket upgrade: changes nothing
+//	rec, repair, err := m.Connected(ctx, tid, hash)   // once the socket is up
 //	rec, err = m.Verify(ctx, token)                   // every LAP call: 401/403 on error
 //	rec, changed, err := m.Activate(ctx, rec.TID)     // first LAP call: push {t:'active'}
 //	rec, err = m.Disconnected(ctx, rec.TID)           // socket closed: grace starts
