@@ -15,9 +15,9 @@
 //	log.Record(ctx, audit.Entry{TID: tid, UID: uid, Event: audit.EventMint,
 //		Detail: map[string]any{"origin": origin}})
 //
-// Record stamps At (Unix ms) when it is zero, copies Detail (replacing any
-// string that starts with "agt_" by "agt_…redacted" and cutting long strings
-// to MaxDetailString bytes), and writes to every sink. It never returns an
+// Record stamps At (Unix ms) when it is zero, copies Detail (replacing every
+// agent token or tab secret inside a string by "agt_…redacted" and cutting
+// long strings to MaxDetailString bytes), and writes to every sink. It never returns an
 // error: a sink failure is counted (Failures) and logged as one warning
 // naming the sink's type. A nil *Log discards everything.
 //
@@ -56,8 +56,17 @@ const (
 	EventRefused        = "refused"         // any other refusal: detail {endpoint, status, code}
 	EventConfirmExpired = "confirm-expired" // an approval nobody answered timed out
 	EventDisconnect     = "disconnect"      // a tab's socket closed: detail {reason}
+	EventSupersede      = "supersede"       // a newer socket for a tid replaced a live one (closed 4002): detail {tabSecret, approvals}
 	EventAuditOverflow  = "audit-overflow"  // the audit queue was full: detail {dropped, events{name: n}, since, until}
 )
+
+// Events lists every event name above, in that order (for validating a
+// filter, e.g. `lapd audit --event`).
+func Events() []string {
+	return []string{EventMint, EventClaim, EventRevoke, EventLapCall, EventMsgDispatched, EventMsgBlocked,
+		EventConfirmProposed, EventConfirmApproved, EventConfirmRejected, EventRateLimited, EventAuthFailed,
+		EventResume, EventRefused, EventConfirmExpired, EventDisconnect, EventSupersede, EventAuditOverflow}
+}
 
 // Entry is one audit record. Wire shape: {at(ms), tid|null, uid|null, event, detail}.
 type Entry struct {

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/lapd-dev/lapd/internal/redact"
 )
 
 // Config configures a Log. Zero values mean the documented defaults.
@@ -53,8 +55,8 @@ const (
 	// MaxDetailDepth bounds how deep nested maps and slices are copied;
 	// deeper values are replaced by "…".
 	MaxDetailDepth = 8
-	// redacted replaces any detail string that looks like an agent token.
-	redacted = "agt_…redacted"
+	// redacted replaces an agent token or tab secret anywhere in a detail string.
+	redacted = redact.Redacted
 )
 
 // Defaults of Config.
@@ -148,9 +150,10 @@ func New(cfg Config) *Log {
 // dropped (Dropped), logs it and reports it in an audit-overflow entry.
 // Record keeps e.Detail: do not change the map after the call.
 //
-// Before any sink sees it, Detail is copied with every string that starts
-// with "agt_" replaced by "agt_…redacted" (tokens must never reach audit,
-// even by mistake) and long strings cut to MaxDetailString bytes.
+// Before any sink sees it, Detail is copied with every agent token or tab
+// secret in a string, wherever it stands, replaced by "agt_…redacted" (tokens
+// must never reach audit, even by mistake) and long strings cut to
+// MaxDetailString bytes.
 func (l *Log) Record(ctx context.Context, e Entry) {
 	if l == nil {
 		return
@@ -554,9 +557,7 @@ func sanitizeValue(v any, depth int) any {
 }
 
 func sanitizeString(s string) string {
-	if strings.HasPrefix(s, "agt_") {
-		return redacted
-	}
+	s = redact.String(s) // before cutting: a cut token would be harder to spot
 	if len(s) <= MaxDetailString {
 		return s
 	}
@@ -569,17 +570,19 @@ func sanitizeString(s string) string {
 
 // Filter selects entries for Query. Zero fields match everything.
 type Filter struct {
-	TID   string
-	Event string
-	Since int64 // ms, inclusive
-	Until int64 // ms, exclusive; 0 = no bound
-	Limit int   // 0 = no limit; the newest Limit entries, oldest first
+	TID    string
+	Event  string
+	Events []string // when not empty, only entries whose event is one of these (and Event, if set)
+	Since  int64    // ms, inclusive
+	Until  int64    // ms, exclusive; 0 = no bound
+	Limit  int      // 0 = no limit; the newest Limit entries, oldest first
 }
 
 // match reports whether e passes f's field filters (not Limit).
 func (f Filter) match(e Entry) bool {
 	return (f.TID == "" || e.TID == f.TID) &&
 		(f.Event == "" || e.Event == f.Event) &&
+		(len(f.Events) == 0 || slices.Contains(f.Events, e.Event)) &&
 		e.At >= f.Since &&
 		(f.Until == 0 || e.At < f.Until)
 }

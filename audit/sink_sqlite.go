@@ -257,6 +257,12 @@ func (s *SQLiteSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
 	if f.Event != "" {
 		where, args = append(where, "event = ?"), append(args, f.Event)
 	}
+	if len(f.Events) > 0 {
+		where = append(where, "event IN (?"+strings.Repeat(", ?", len(f.Events)-1)+")")
+		for _, ev := range f.Events {
+			args = append(args, ev)
+		}
+	}
 	if f.Since != 0 {
 		where, args = append(where, "at >= ?"), append(args, f.Since)
 	}

@@ -39,6 +39,15 @@ export interface ActionSpec<S = unknown, P = any> {
   emits?: string[]
   /** true when the action can run now, else a reason shown to the LLM (listed as unavailable). */
   available?(state: S): true | string
+  /**
+   * The action in the human's words, for the panel: its approval card ("The AI
+   * asks to: Delete every task (6 tasks)") and its activity feed ("Done: Add
+   * "Buy milk" to todo"). msg is the whole msg (type and payload); state is the
+   * state it runs against (for an approval, the current one). Without it the
+   * panel shows the intent and the payload's first plain values. Cut to 200
+   * characters; a throw or a blank string falls back to the intent.
+   */
+  summarize?(msg: Msg & P, state: S): string
 }
 
 export interface AgentContext { summary: string; hints?: string[]; cautions?: string[]; [k: string]: unknown }
@@ -68,8 +77,8 @@ export interface AgentOptions<S = unknown> {
   baseUrl?: string
   /** Prefix of the meta routes (default '/agent'). */
   agentBasePath?: string
-  /** true (default): show the panel; false: no panel; {container}: mount it there. */
-  ui?: boolean | { container?: Element }
+  /** true (default): show the panel; false: no panel; an object: show it with these options. */
+  ui?: boolean | PanelOptions
   /** Where the session is kept (default sessionStorage; null: nowhere). */
   storage?: Pick<Storage, 'getItem' | 'setItem' | 'removeItem'> | null
   /** Restore a stored session on load without a new mint (default true). */
@@ -85,6 +94,17 @@ export interface AgentOptions<S = unknown> {
   window?: Pick<Window, 'addEventListener' | 'removeEventListener'>
 }
 
+export interface PanelOptions {
+  /** Mount the panel in this element instead of the end of <body> (no skip link, no reserved room). */
+  container?: Element
+  /** The key that moves focus to the panel's next action (Approve, Connect, Copy); default 'Alt+Shift+A'; false: none. */
+  shortcut?: string | false
+  /** A "Skip to the AI panel" link as the page's first Tab stop, shown only while focused; default true. */
+  skipLink?: boolean
+  /** Start collapsed to one line; default: collapsed on narrow screens (≤ 640 px), open on wide ones. */
+  collapsed?: boolean
+}
+
 export type Status = 'idle' | 'minting' | 'pending-claude' | 'active' | 'reconnecting' | 'failed' | 'error'
 
 export interface AgentError { code: string; detail: string }
@@ -98,6 +118,8 @@ export interface ConfirmEntry {
   proposedAt: number
   expiresAt?: number
   status: 'pending' | 'approved' | 'rejected'
+  /** What it would do in the human's words (the action's summarize, against the current state). */
+  summary?: string
 }
 
 export type DiffOp =
@@ -113,6 +135,10 @@ export interface LogEntry {
   intent?: string
   detail?: string
   stateDiff?: DiffOp[]
+  /** On a 'proposed' entry and on the outcome of that approval. */
+  confirmId?: string
+  /** 'server' on an entry lapd recorded itself (a dispatch its policy refused, shown through a log-show frame). */
+  source?: string
 }
 
 export interface AgentEvents {
@@ -188,7 +214,11 @@ export function computeStateDiff(before: unknown, after: unknown): DiffOp[]
 export function summarizeDiff(diff: DiffOp[]): string
 export function toWire(value: unknown): unknown
 export function fromWire(value: unknown): unknown
-export function validatePayload(schema: JSONSchema, value: unknown): Array<{ path: string; message: string }>
+/** The reference runtime's validation codes. */
+export type ValidationCode = 'missing' | 'unexpected-field' | 'wrong-type' | 'not-array' | 'not-object' | 'not-in-enum' | 'validates-failed'
+export function validatePayload(schema: JSONSchema, value: unknown): Array<{ path: string; code: ValidationCode; message: string }>
+/** A JSON Pointer into msg in the reference's style: "/cells/0/value" → "cells[0].value". */
+export function referencePath(pointer: string, msg: unknown): string
 export function payloadHint(variant: string, schema?: JSONSchema): Msg | null
 export function fieldHints(schema?: JSONSchema): Array<{ path: string; hint: string }>
 export interface ListedAction {
@@ -202,8 +232,28 @@ export function listActions<S>(actions: Record<string, ActionSpec<S>> | null | u
 export function buildPolicy(actions?: Record<string, ActionSpec> | null): { variants: Record<string, object> } | null
 export function buildMsgSchema(actions?: Record<string, ActionSpec> | null): { discriminant: 'type'; variants: Record<string, object> }
 export function gateMessage(actions: Record<string, ActionSpec> | null, msg: unknown):
-  null | { status: 'rejected'; reason: 'invalid' | 'human-only'; detail: string; errors?: Array<{ path: string; message: string }> }
+  null | { status: 'rejected'; reason: 'invalid' | 'human-only'; detail: string; errors?: Array<{ path: string; code: ValidationCode; message: string }> }
 export function msgDetail(msg: Msg): string
+/** A msg in the human's words: the action's summarize(msg, state), else its intent and first plain payload values. */
+export function describeMsg(actions: Record<string, ActionSpec> | null | undefined, msg: Msg, state: unknown, fallbackIntent?: string): string
+/** "just now", "40 s ago", "3 min ago", "2 h ago", else YYYY-MM-DD. */
+export function relativeTime(at: number, now?: number): string
+/** One line of the panel's activity feed. */
+export interface FeedItem {
+  id: string
+  at: number
+  tone: 'ok' | 'bad' | 'wait' | 'narrate' | 'read' | 'info'
+  /** "Done", "Approved by you", "Blocked", "AI", … ('' for reads) */
+  label: string
+  text: string
+  /** The technical part (JSON paths, codes), shown on demand. */
+  detail: string
+  /** Consecutive reads folded into this one. */
+  count?: number
+}
+/** The feed's lines, newest first: an approval's outcome folded into its proposal, consecutive reads counted. */
+export function feedItems(entries: LogEntry[], notes?: Map<string, { summary?: string }>): FeedItem[]
+export const DEFAULT_SHORTCUT: 'Alt+Shift+A'
 export interface OutlineNode { kind: 'region' | 'heading' | 'button' | 'link' | 'input' | 'list' | 'item' | 'text'; [k: string]: unknown }
 export function outline(root: unknown, opts?: { maxNodes?: number; maxDepth?: number }): { outline: OutlineNode[]; source: 'data-agent' | 'fallback' | 'truncated' }
 export function queryDom(root: unknown, name: string, multiple?: boolean): Array<{ text: string; attrs: Record<string, string>; path: number[] }>

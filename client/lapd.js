@@ -14,7 +14,8 @@
 //                   properties: { title: { type: 'string', minLength: 1 } } },
 //         handler: ({ title }) => store.addTask(title),  // may return a Promise
 //       },
-//       clearAll: { intent: 'Delete every task', requiresConfirm: true, handler: () => store.clear() },
+//       clearAll: { intent: 'Delete every task', requiresConfirm: true, handler: () => store.clear(),
+//                   summarize: (msg, s) => `Delete every task (${s.tasks.length})` }, // for the panel
 //       reset:    { intent: 'Reset the demo', humanOnly: true, handler: () => store.reset() },
 //     },
 //     context: (state) => ({ summary: `${state.tasks.length} tasks` }),
@@ -33,8 +34,11 @@
 //      reconnect with backoff (1,2,4,8,16,30 s; give up after 5 min), session
 //      kept in sessionStorage so a reload resumes without a new token, and a
 //      refused token (HTTP 401/403 before the upgrade) stops at once.
-//   3. Shows the panel (Shadow DOM, bottom-right): connect line, status,
-//      pending approvals, activity feed. ui:false hides it; every piece is also
+//   3. Shows the panel (Shadow DOM; bottom right, a bottom sheet on a phone):
+//      connect line, status, pending approvals said in the human's words
+//      (actions may give a summarize(msg, state)), an activity feed with
+//      relative times. Alt+Shift+A or a skip link takes the keyboard there; a
+//      live region tells screen readers. ui:false hides it; every piece is also
 //      an event (agent.on('status' | 'confirm' | 'log' | 'active' | 'revoked' | 'error')).
 //
 // The payload validation done here is a useful subset of JSON Schema (type,
@@ -66,6 +70,8 @@ export const LIMITS = Object.freeze({
   reconnectGiveUpMs: 5 * 60 * 1000,
   missedPongs: 2,
   statsSamples: 1000, // rpc timings kept for stats().rpcHandleMsP50
+  feedItems: 40, // log entries the panel's feed shows (newest)
+  summaryChars: 200, // an action's summarize() text is cut to this
 })
 
 const STORAGE_KEY = 'lapd:session'
@@ -328,24 +334,28 @@ function jsonEqual(a, b) {
 
 /**
  * Validate a value against the JSON Schema subset this client knows. Returns
- * [{path, message}] with JSON Pointer paths (at most LIMITS.validationErrors).
- * Unknown keywords are ignored (the server checks the full schema).
+ * [{path, code, message}] with JSON Pointer paths (at most
+ * LIMITS.validationErrors) and the reference's codes (missing,
+ * unexpected-field, wrong-type, not-array, not-object, not-in-enum,
+ * validates-failed). Unknown keywords are ignored (the server checks the full
+ * schema).
  */
 export function validatePayload(schema, value, path = '', errors = [], depth = 0) {
   if (errors.length >= LIMITS.validationErrors || schema == null || schema === true) return errors
-  const add = (message) => { if (errors.length < LIMITS.validationErrors) errors.push({ path, message }) }
+  const add = (message, code = 'validates-failed') => { if (errors.length < LIMITS.validationErrors) errors.push({ path, code, message }) }
   if (schema === false) { add('no value is allowed here'); return errors }
   if (typeof schema !== 'object' || depth > LIMITS.schemaDepth) return errors
   if (schema.type !== undefined) {
     const types = Array.isArray(schema.type) ? schema.type : [schema.type]
     if (!types.some((t) => typeMatches(t, value))) {
-      add(`expected ${types.join(' or ')}, got ${value === null ? 'null' : Array.isArray(value) ? 'array' : typeof value}`)
+      add(`expected ${types.join(' or ')}, got ${value === null ? 'null' : Array.isArray(value) ? 'array' : typeof value}`,
+        types.length === 1 && types[0] === 'array' ? 'not-array' : types.length === 1 && types[0] === 'object' ? 'not-object' : 'wrong-type')
       return errors
     }
   }
   if (Array.isArray(schema.enum) && !schema.enum.some((e) => jsonEqual(e, value)))
-    add(`must be one of ${schema.enum.map((e) => JSON.stringify(e)).join(', ')}`)
-  if ('const' in schema && !jsonEqual(schema.const, value)) add(`must be ${JSON.stringify(schema.const)}`)
+    add(`must be one of ${schema.enum.map((e) => JSON.stringify(e)).join(', ')}`, 'not-in-enum')
+  if ('const' in schema && !jsonEqual(schema.const, value)) add(`must be ${JSON.stringify(schema.const)}`, 'not-in-enum')
   if (typeof value === 'string') {
     const len = [...value].length
     if (typeof schema.minLength === 'number' && len < schema.minLength) add(`must be at least ${schema.minLength} characters`)
@@ -372,7 +382,7 @@ export function validatePayload(schema, value, path = '', errors = [], depth = 0
       for (const k of schema.required) {
         if (!own(value, k) || value[k] === undefined) {
           if (errors.length < LIMITS.validationErrors)
-            errors.push({ path: `${path}/${escapePointerSegment(k)}`, message: 'is required' })
+            errors.push({ path: `${path}/${escapePointerSegment(k)}`, code: 'missing', message: 'is required' })
         }
       }
     }
@@ -380,12 +390,35 @@ export function validatePayload(schema, value, path = '', errors = [], depth = 0
       const p = `${path}/${escapePointerSegment(k)}`
       if (own(props, k)) validatePayload(props[k], value[k], p, errors, depth + 1)
       else if (schema.additionalProperties === false) {
-        if (errors.length < LIMITS.validationErrors) errors.push({ path: p, message: 'is not allowed' })
+        if (errors.length < LIMITS.validationErrors) errors.push({ path: p, code: 'unexpected-field', message: 'is not allowed' })
       } else if (schema.additionalProperties && typeof schema.additionalProperties === 'object')
         validatePayload(schema.additionalProperties, value[k], p, errors, depth + 1)
     }
   }
   return errors
+}
+
+/**
+ * A JSON Pointer into msg written the reference runtime's way: keys joined
+ * with dots, array indices in brackets ("/cells/0/value" → "cells[0].value");
+ * a key with a dot, a bracket or a quote is written ["key"].
+ */
+export function referencePath(pointer, msg) {
+  if (typeof pointer !== 'string' || pointer[0] !== '/') return pointer === undefined ? '' : String(pointer)
+  let cur = msg
+  let out = ''
+  for (const raw of pointer.slice(1).split('/')) {
+    const seg = unescapeSegment(raw)
+    if (Array.isArray(cur)) {
+      out += `[${seg}]`
+      cur = /^(0|[1-9]\d*)$/.test(seg) ? cur[Number(seg)] : undefined
+      continue
+    }
+    cur = own(cur, seg) ? cur[seg] : undefined
+    if (seg === '' || /[.[\]"]/.test(seg)) out += `[${JSON.stringify(seg)}]`
+    else out += (out ? '.' : '') + seg
+  }
+  return out
 }
 
 // ───────────────────────────── actions: policy, list, hints ─────────────────────────────
@@ -566,6 +599,125 @@ export function msgDetail(msg) {
   }).join(' ')
 }
 
+// ───────────────────────────── the human's words (panel feed and approvals) ─────────────────────────────
+
+function clip(s, n) { return s.length > n ? s.slice(0, n - 1) + '…' : s }
+
+/**
+ * A msg in the human's words: the action's summarize(msg, state) when it has
+ * one (e.g. `Delete every task (6 tasks)`), else its intent followed by the
+ * payload's first few plain values (`Add a task: "Buy milk"`). Never throws.
+ */
+export function describeMsg(actions, msg, state, fallbackIntent) {
+  if (!msg || typeof msg !== 'object') return String(fallbackIntent || 'an action')
+  const a = actions && typeof msg.type === 'string' && own(actions, msg.type) ? actions[msg.type] : null
+  if (a && typeof a.summarize === 'function') {
+    try {
+      const s = a.summarize(msg, state)
+      if (typeof s === 'string' && s.trim()) return clip(s.trim(), LIMITS.summaryChars)
+    } catch { /* fall back to the intent */ }
+  }
+  const intent = (a && a.intent) || fallbackIntent || String(msg.type || 'an action')
+  const vals = []
+  for (const [k, v] of Object.entries(msg)) {
+    if (k === 'type' || vals.length >= 3) continue
+    if (typeof v === 'string' && v) vals.push(JSON.stringify(clip(v, 60)))
+    else if (typeof v === 'number' || typeof v === 'boolean') vals.push(`${k} ${v}`)
+  }
+  return clip(vals.length ? `${intent}: ${vals.join(', ')}` : intent, LIMITS.summaryChars)
+}
+
+/** "just now", "40 s ago", "3 min ago", "2 h ago", else the date. */
+export function relativeTime(at, now = Date.now()) {
+  if (typeof at !== 'number' || !Number.isFinite(at)) return ''
+  const s = Math.max(0, Math.round((now - at) / 1000))
+  if (s < 10) return 'just now'
+  if (s < 60) return `${s} s ago`
+  const m = Math.floor(s / 60)
+  if (m < 60) return `${m} min ago`
+  const h = Math.floor(m / 60)
+  if (h < 24) return `${h} h ago`
+  return new Date(at).toISOString().slice(0, 10)
+}
+
+// What a read looked like to the human.
+const READ_WORDS = {
+  'Observe the app': 'Looked at the app', 'Read app state': "Read the app's data", 'List actions': 'Checked what it can do',
+  'Describe visible content': 'Looked at the screen', 'Describe context': 'Read the app\'s notes', 'Query app state': "Read part of the app's data",
+}
+
+const BLOCK_WORDS = {
+  'human-only': 'only you can do this, in the app',
+  invalid: 'not something the app allows',
+  'schema-error': 'the details were not valid',
+  'schema-mismatch': 'the details were not valid',
+}
+
+/**
+ * The feed's items, newest first, from log entries (oldest first): an
+ * approval's outcome is folded into the entry that proposed it (one line,
+ * updated in place), consecutive reads become one line with a count. Each
+ * item is {id, at, tone, label, text, detail?}: label and text in the human's
+ * words, detail the technical part (JSON paths, codes) for an expandable view.
+ * notes maps an entry id to {summary} (see describeMsg).
+ */
+export function feedItems(entries, notes = new Map()) {
+  const outcomes = new Map() // confirmId → the entry that resolved it
+  for (const e of entries) if (e && e.confirmId && (e.kind === 'confirmed' || e.kind === 'rejected')) outcomes.set(e.confirmId, e)
+  const proposed = new Set(entries.filter((e) => e && e.kind === 'proposed' && e.confirmId).map((e) => e.confirmId))
+  const out = []
+  for (const e of entries) {
+    if (!e || typeof e !== 'object') continue
+    if ((e.kind === 'confirmed' || e.kind === 'rejected') && e.confirmId && proposed.has(e.confirmId)) continue
+    const note = notes.get(e.id)
+    const what = (note && note.summary) || e.intent || e.variant || e.kind || 'something'
+    const item = { id: String(e.id ?? ''), at: e.at, tone: 'info', label: '', text: what, detail: '' }
+    switch (e.kind) {
+      case 'narrate':
+        Object.assign(item, { tone: 'narrate', label: 'AI', text: String(e.detail || e.intent || '') })
+        break
+      case 'dispatched':
+        Object.assign(item, { tone: 'ok', label: 'Done', detail: diffLines(e.stateDiff) })
+        break
+      case 'proposed':
+      case 'confirmed':
+      case 'rejected': {
+        const end = e.kind === 'proposed' ? outcomes.get(e.confirmId) : e
+        if (!end) Object.assign(item, { tone: 'wait', label: 'Waiting for your approval' })
+        else if (end.kind === 'confirmed') Object.assign(item, { tone: 'ok', label: 'Approved by you', at: end.at, detail: /^errors/.test(end.detail || '') ? end.detail : '' })
+        else if (/^expired/.test(end.detail || '')) Object.assign(item, { tone: 'bad', label: 'Expired, not done', at: end.at })
+        else Object.assign(item, { tone: 'bad', label: 'Rejected by you', at: end.at })
+        break
+      }
+      case 'blocked': {
+        const reason = String(e.detail || '').split(':')[0]
+        Object.assign(item, { tone: 'bad', label: 'Blocked', text: `${what}: ${BLOCK_WORDS[reason] || 'refused'}`, detail: String(e.detail || '') })
+        break
+      }
+      case 'error':
+        Object.assign(item, { tone: 'bad', label: 'Failed', detail: String(e.detail || '') })
+        break
+      default: { // read
+        const words = READ_WORDS[e.intent] || (/^Query DOM/.test(e.intent || '') ? 'Looked at part of the page'
+          : /^Predict/.test(e.intent || '') ? 'Tried an action out without doing it' : 'Read the app')
+        const prev = out[out.length - 1]
+        if (prev && prev.tone === 'read' && prev.text === words) { prev.count = (prev.count || 1) + 1; prev.at = e.at; continue }
+        Object.assign(item, { tone: 'read', label: '', text: words, detail: e.intent && e.intent !== words ? String(e.intent) : '' })
+      }
+    }
+    out.push(item)
+  }
+  return out.reverse()
+}
+
+function diffLines(diff) {
+  if (!Array.isArray(diff) || !diff.length) return 'no change to the app\'s data'
+  const words = { add: 'added', remove: 'removed', replace: 'changed' }
+  const lines = diff.slice(0, 8).map((d) => `${d.path || '(everything)'} ${words[d.op] || d.op}`)
+  if (diff.length > 8) lines.push(`… and ${diff.length - 8} more`)
+  return lines.join('\n')
+}
+
 // ───────────────────────────── DOM reading (works on any DOM-like object) ─────────────────────────────
 
 function tagOf(el) { return String(el.tagName || '').toLowerCase() }
@@ -586,9 +738,11 @@ function textOf(el) {
   const t = rawText(el).replace(/\s+/g, ' ').trim()
   return t.length > LIMITS.textChars ? t.slice(0, LIMITS.textChars) + '…' : t
 }
+// lapd's own panel and skip link are not part of the app the AI reads.
+function isLapdUI(el) { return attr(el, 'data-lapd-panel') !== null || attr(el, 'data-lapd-skip') !== null }
 function isHidden(el) {
   if (el.hidden === true || attr(el, 'hidden') !== null || attr(el, 'aria-hidden') === 'true') return true
-  if (attr(el, 'data-lapd-panel') !== null) return true
+  if (isLapdUI(el)) return true
   const style = el.style
   return !!(style && (style.display === 'none' || style.visibility === 'hidden'))
 }
@@ -631,7 +785,7 @@ function mapNode(el, depth, budget, maxDepth, out) {
 function taggedZones(el, out, depth = 0) {
   if (depth > 64 || out.length >= LIMITS.taggedNodes) return out
   for (const c of kids(el)) {
-    if (attr(c, 'data-lapd-panel') !== null) continue
+    if (isLapdUI(c)) continue
     if (attr(c, 'data-agent') !== null) out.push(c)
     else taggedZones(c, out, depth + 1)
   }
@@ -674,7 +828,7 @@ export function queryDom(root, name, multiple = false) {
   const walk = (el, path) => {
     kids(el).forEach((c, i) => {
       if (found.length >= (multiple ? LIMITS.queryDomElements : 1)) return
-      if (attr(c, 'data-lapd-panel') !== null) return
+      if (isLapdUI(c)) return
       const p = [...path, i]
       if (attr(c, 'data-agent') === name) {
         const attrs = {}
@@ -771,6 +925,13 @@ export function createAgent(opts) {
     } catch { /* corrupt: ignore */ }
     return null
   }
+  // The session this tab keeps (in sessionStorage, across reloads): the
+  // token the LLM gets, and the tab secret it never does.
+  function sessionFrom(body) {
+    const s = { token: body.token, tid: body.tid, lapUrl: body.lapUrl, wsUrl: body.wsUrl, expiresAt: body.expiresAt }
+    if (typeof body.tabSecret === 'string') s.tabSecret = body.tabSecret
+    return s
+  }
   function persist() { try { storage && session && storage.setItem(STORAGE_KEY, JSON.stringify(session)) } catch { /* quota */ } }
   function clearSession() {
     session = null
@@ -841,11 +1002,15 @@ export function createAgent(opts) {
   }
 
   // ── log ──
-  function addLog(entry) {
+  // notes: words for the panel that do not go on the wire (the summary of the
+  // msg an entry is about, computed with the state before it ran), by entry id.
+  const notes = new Map()
+  function addLog(entry, note) {
     logRing.push(entry)
-    if (logRing.length > LIMITS.logEntries) logRing.shift()
+    if (note && typeof entry.id === 'string') notes.set(entry.id, note)
+    if (logRing.length > LIMITS.logEntries) { const old = logRing.shift(); if (old) notes.delete(old.id) }
     emit('log', entry)
-    if (ui) ui.render()
+    if (ui) ui.schedule()
   }
 
   // ── connection machine driver ──
@@ -859,7 +1024,7 @@ export function createAgent(opts) {
       emit('status', conn.status, { error: conn.error, message: conn.message })
       if (conn.error && conn.status === 'error') emit('error', Object.assign(new Error(conn.error.detail || conn.error.code), { code: conn.error.code }))
     }
-    if (ui) ui.render()
+    if (ui) ui.schedule()
   }
 
   function runEffect(e) {
@@ -881,13 +1046,15 @@ export function createAgent(opts) {
 
   async function mint() {
     try {
-      const res = await fetchFn(`${base}${basePath}/mint`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: '{}' })
+      // {tab:true}: lapd also mints this tab's own secret, which opens its
+      // socket and proves the session is ours; the LLM only ever gets the token.
+      const res = await fetchFn(`${base}${basePath}/mint`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: '{"tab":true}' })
       const body = await res.json().catch(() => null)
       if (!res.ok || !body || typeof body.token !== 'string') {
         fire({ type: 'mint-failed', code: `http-${res.status}`, detail: (body && body.error && (body.error.detail || body.error.code)) || res.statusText || '' })
         return
       }
-      session = { token: body.token, tid: body.tid, lapUrl: body.lapUrl, wsUrl: body.wsUrl, expiresAt: body.expiresAt }
+      session = sessionFrom(body)
       fire({ type: 'mint-ok' })
     } catch (e) {
       fire({ type: 'mint-failed', code: 'network', detail: errMessage(e) })
@@ -898,16 +1065,19 @@ export function createAgent(opts) {
     const s = session
     if (!s || !fetchFn) return
     try {
-      await fetchFn(`${base}${basePath}/revoke`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ tid: s.tid }) })
+      await fetchFn(`${base}${basePath}/revoke`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(s.tabSecret ? { tid: s.tid, tabSecret: s.tabSecret } : { tid: s.tid }) })
     } catch (e) { emit('error', e) }
   }
 
   function openSocket() {
     closeSocket(1000)
     if (!session || !WS || destroyed) return
-    const url = session.wsUrl + (session.wsUrl.includes('?') ? '&' : '?') + 'token=' + encodeURIComponent(session.token)
+    // Credentials ride in Sec-WebSocket-Protocol entries, never in the URL
+    // (URLs end up in proxy logs and browser history); lapd answers lapd.v2.
+    const protocols = ['lapd.v2', 'lapd.token.' + session.token]
+    if (session.tabSecret) protocols.push('lapd.tab.' + session.tabSecret)
     let sock
-    try { sock = new WS(url) } catch (e) { emit('error', e); fire({ type: 'ws-closed', hasToken: true }); return }
+    try { sock = new WS(session.wsUrl, protocols) } catch (e) { emit('error', e); fire({ type: 'ws-closed', hasToken: true }); return }
     ws = sock
     opened = false
     sock.onopen = () => { if (ws !== sock) return; opened = true; onOpen() }
@@ -1019,6 +1189,8 @@ export function createAgent(opts) {
       case 'active': fire({ type: 'activated' }); emit('active'); break
       case 'revoked': fire({ type: 'revoked' }); emit('revoked'); break
       case 'log-push': if (f.entry && typeof f.entry === 'object') { addLog(f.entry); send({ t: 'log-append', entry: f.entry }) } break
+      // An entry the server already recorded (e.g. a dispatch its policy refused): show it, do not echo it.
+      case 'log-show': if (f.entry && typeof f.entry === 'object') addLog(f.entry); break
       case 'confirm-expire': expireConfirm(f.confirmId, f.reason); break
       case 'confirm-sync': syncConfirms(f.pending); break
       case 'watch': addWatch(f.id, f.path); break
@@ -1084,11 +1256,13 @@ export function createAgent(opts) {
       return
     }
     let result
+    let note
     let entry = { id, at: now(), kind: 'read', intent: READ_INTENTS[f.tool] || f.tool }
     try {
       const r = await tool(args, meta)
       result = r.result
       if (r.log) entry = { ...entry, ...r.log }
+      note = r.note
       send({ t: 'rpc-reply', id, result })
     } catch (e) {
       const code = e && e.code ? e.code : 'internal'
@@ -1096,7 +1270,7 @@ export function createAgent(opts) {
       entry = { ...entry, kind: 'error', detail: errMessage(e) }
     }
     send({ t: 'log-append', entry })
-    addLog(entry)
+    addLog(entry, note)
   }
 
   function invalid(detail) { return Object.assign(new Error(detail), { code: 'invalid' }) }
@@ -1153,7 +1327,7 @@ export function createAgent(opts) {
       const gate = gateMessage(actions, msg)
       const log = { intent: `Predict: ${msg && msg.type}`, variant: msg && msg.type }
       if (gate) {
-        if (gate.errors) return { result: { status: 'rejected', reason: 'schema-mismatch', errors: gate.errors }, log }
+        if (gate.errors) return { result: { status: 'rejected', reason: 'schema-mismatch', errors: gate.errors.map((e) => ({ path: referencePath(e.path, msg), code: e.code, message: e.message, pointer: e.path })) }, log }
         return { result: gate, log }
       }
       if (typeof opts.reducer !== 'function')
@@ -1240,14 +1414,16 @@ export function createAgent(opts) {
     const variant = msg && typeof msg.type === 'string' ? msg.type : undefined
     const a = actions && variant && own(actions, variant) ? actions[variant] : null
     const base = { variant, intent: (a && a.intent) || variant, detail: msgDetail(msg) }
+    // The panel's words for this msg, from the state it is dispatched against.
+    const note = variant ? { summary: describeMsg(actions, msg, opts.getState()) } : undefined
     const gate = gateMessage(actions, msg)
     if (gate) {
       lastSend = { status: 'rejected', variant, detail: gate.detail }
-      return { result: gate, log: { ...base, kind: 'blocked', detail: `${gate.reason}: ${gate.detail}` } }
+      return { result: gate, log: { ...base, kind: 'blocked', detail: `${gate.reason}: ${gate.detail}` }, note }
     }
     if (a && a.requiresConfirm) {
       if (pendingConfirms().length >= LIMITS.pendingConfirms)
-        return { result: { status: 'rejected', reason: 'invalid', detail: 'too many approvals are waiting; ask the user to answer them first' }, log: { ...base, kind: 'blocked' } }
+        return { result: { status: 'rejected', reason: 'invalid', detail: 'too many approvals are waiting; ask the user to answer them first' }, log: { ...base, kind: 'blocked' }, note }
       const entry = {
         id: uuid(), variant, payload: toWire(payloadOf(msg)), intent: a.intent || variant,
         reason: typeof args.reason === 'string' ? args.reason.slice(0, 500) : null, proposedAt: now(), status: 'pending',
@@ -1255,7 +1431,7 @@ export function createAgent(opts) {
       confirms.set(entry.id, entry)
       emit('confirm', pendingConfirms(), entry)
       lastSend = { status: 'pending-confirmation', variant }
-      return { result: { status: 'pending-confirmation', confirmId: entry.id }, log: { ...base, kind: 'proposed' } }
+      return { result: { status: 'pending-confirmation', confirmId: entry.id }, log: { ...base, kind: 'proposed', confirmId: entry.id }, note }
     }
     const waitFor = ['none', 'idle', 'drained'].includes(args.waitFor) ? args.waitFor : 'drained'
     const drainQuietMs = clampNum(args.drainQuietMs, 100, 0, 10000)
@@ -1271,7 +1447,7 @@ export function createAgent(opts) {
       : { status: 'dispatched', variant }
     const result = { status: 'dispatched', stateDiff, actions: currentActions(), drain }
     if (args.includeState === true) result.stateAfter = afterState
-    return { result, log: { ...base, kind: 'dispatched', stateDiff } }
+    return { result, log: { ...base, kind: 'dispatched', stateDiff }, note }
   }
 
   function clampNum(v, dflt, min, max) {
@@ -1280,6 +1456,10 @@ export function createAgent(opts) {
 
   // ── confirms ──
   function pendingConfirms() { return [...confirms.values()].filter((c) => c.status === 'pending') }
+  // What an approval would do, in words, against the current state.
+  function confirmSummary(c) {
+    return describeMsg(actions, { ...fromWire(c.payload || {}), type: c.variant }, opts.getState(), c.intent)
+  }
 
   async function approve(confirmId) {
     const c = confirms.get(confirmId)
@@ -1287,20 +1467,22 @@ export function createAgent(opts) {
     c.status = 'approved'
     emit('confirm', pendingConfirms(), c)
     const msg = { ...fromWire(c.payload || {}), type: c.variant }
+    const note = { summary: confirmSummary(c) }
     const drain = await runDispatch(msg, { waitFor: 'drained', drainQuietMs: 100, timeoutMs: 2000 })
     confirms.delete(confirmId)
     const stateAfter = wireState()
     sendOrQueue({ t: 'confirm-resolved', confirmId, outcome: 'confirmed', stateAfter })
-    addLog({ id: `confirm-${confirmId}`, at: now(), kind: 'confirmed', variant: c.variant, intent: c.intent, detail: drain.errors.length ? `errors: ${drain.errors.map((e) => e.message).join('; ')}` : 'approved by the user' })
+    addLog({ id: `confirm-${confirmId}`, at: now(), kind: 'confirmed', variant: c.variant, intent: c.intent, confirmId, detail: drain.errors.length ? `errors: ${drain.errors.map((e) => e.message).join('; ')}` : 'approved by the user' }, note)
     return true
   }
 
   function reject(confirmId) {
     const c = confirms.get(confirmId)
     if (!c || c.status !== 'pending') return false
+    const note = { summary: confirmSummary(c) }
     confirms.delete(confirmId)
     sendOrQueue({ t: 'confirm-resolved', confirmId, outcome: 'user-cancelled' })
-    addLog({ id: `confirm-${confirmId}`, at: now(), kind: 'rejected', variant: c.variant, intent: c.intent, detail: 'rejected by the user' })
+    addLog({ id: `confirm-${confirmId}`, at: now(), kind: 'rejected', variant: c.variant, intent: c.intent, confirmId, detail: 'rejected by the user' }, note)
     emit('confirm', pendingConfirms(), { ...c, status: 'rejected' })
     return true
   }
@@ -1308,8 +1490,9 @@ export function createAgent(opts) {
   function expireConfirm(confirmId, reason) {
     const c = confirms.get(confirmId)
     if (!c || c.status !== 'pending') return
+    const note = { summary: confirmSummary(c) }
     confirms.delete(confirmId)
-    addLog({ id: `confirm-${confirmId}`, at: now(), kind: 'rejected', variant: c.variant, intent: c.intent, detail: `expired${reason ? ` (${reason})` : ''}` })
+    addLog({ id: `confirm-${confirmId}`, at: now(), kind: 'rejected', variant: c.variant, intent: c.intent, confirmId, detail: `expired${reason ? ` (${reason})` : ''}` }, note)
     emit('confirm', pendingConfirms(), { ...c, status: 'rejected', reason: reason || 'expired' })
   }
 
@@ -1326,7 +1509,7 @@ export function createAgent(opts) {
       })
       changed = true
     }
-    if (changed) { emit('confirm', pendingConfirms()); if (ui) ui.render() }
+    if (changed) { emit('confirm', pendingConfirms()); if (ui) ui.schedule() }
   }
 
   // ── visibility ──
@@ -1360,7 +1543,9 @@ export function createAgent(opts) {
     },
     async resume(tid) {
       try {
-        const res = await fetchFn(`${base}${basePath}/resume/claim`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ tid }) })
+        // An anonymous session is claimed with its tab secret (the one this tab holds, if it is that session).
+        const claim = session && session.tid === tid && session.tabSecret ? { tid, tabSecret: session.tabSecret } : { tid }
+        const res = await fetchFn(`${base}${basePath}/resume/claim`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(claim) })
         const body = await res.json().catch(() => null)
         if (!res.ok || !body || typeof body.token !== 'string') {
           const code = (body && body.error && body.error.code) || `http-${res.status}`
@@ -1368,7 +1553,7 @@ export function createAgent(opts) {
           return false
         }
         clearTimeout(reconnectTimer)
-        session = { token: body.token, tid: body.tid, lapUrl: body.lapUrl, wsUrl: body.wsUrl, expiresAt: body.expiresAt }
+        session = sessionFrom(body)
         fire({ type: 'resume-ok' })
         return true
       } catch (e) { emit('error', e); return false }
@@ -1376,7 +1561,7 @@ export function createAgent(opts) {
     on,
     approve,
     reject,
-    pendingConfirms: () => pendingConfirms().map((c) => ({ ...c })),
+    pendingConfirms: () => pendingConfirms().map((c) => ({ ...c, summary: confirmSummary(c) })),
     log: () => logRing.slice(),
     stats,
     destroy() {
@@ -1393,139 +1578,465 @@ export function createAgent(opts) {
     },
   }
 
-  if (opts.ui !== false && doc && typeof doc.createElement === 'function') ui = createPanel(agent, doc, opts.ui && typeof opts.ui === 'object' ? opts.ui.container : null)
+  if (opts.ui !== false && doc && typeof doc.createElement === 'function') {
+    ui = createPanel(agent, doc, win, opts.ui && typeof opts.ui === 'object' ? opts.ui : {}, {
+      feed: () => feedItems(logRing.slice(-LIMITS.feedItems), notes),
+      describe: (entry) => feedItems([entry], notes)[0],
+    })
+  }
   // Restore a session kept across a reload (no new mint).
   if (opts.autoRestore !== false && session) queueMicrotask(() => { if (!destroyed && conn.status === 'idle' && session) fire({ type: 'restore' }) })
   return agent
 }
 
 // ───────────────────────────── panel (Shadow DOM) ─────────────────────────────
+//
+// One fixed panel: at the bottom right on a wide screen; on a narrow one
+// (≤ 640 px) a bottom sheet, collapsed to one line with a badge until the
+// human opens it, at most half the screen high, with buttons of at least
+// 44×44 px. The page keeps room below its content as tall as the panel (on a
+// wide screen while an approval waits), so everything can be scrolled above it.
+//
+// Keyboard: Alt+Shift+A (ui.shortcut), or the skip link that is the page's
+// first Tab stop, moves focus to the panel's next action (Approve, Connect,
+// Copy); Escape goes back to where you were. Re-rendering keeps focus on the
+// control you used, or on the panel's bar when that control went away.
+// Screen readers hear status changes, new approvals and new activity through
+// one polite live region that is created once and never rebuilt.
 
 const STATUS_TEXT = {
-  idle: 'Not connected', minting: 'Creating a session…', 'pending-claude': 'Waiting for the AI: paste the line below into your chat',
-  active: 'AI connected', reconnecting: 'Reconnecting…', failed: 'Connection lost', error: 'Error',
+  idle: 'Not connected', minting: 'Connecting…', 'pending-claude': 'Waiting for the AI',
+  active: 'AI connected', reconnecting: 'Reconnecting…', failed: 'Connection lost', error: 'Could not connect',
 }
-const DOT = { idle: '#9aa0a6', minting: '#f5a623', 'pending-claude': '#f5a623', active: '#1e9e5a', reconnecting: '#f5a623', failed: '#d93025', error: '#d93025' }
+const DOT = { idle: '#6e7781', minting: '#bf8700', 'pending-claude': '#bf8700', active: '#1a7f37', reconnecting: '#bf8700', failed: '#cf222e', error: '#cf222e' }
+const ERROR_WORDS = {
+  'auth-failed': 'The session is no longer valid; connect again for a new one.',
+  revoked: 'The session was revoked; connect again for a new one.',
+  expired: 'The session expired; connect again for a new one.',
+  superseded: 'This session was opened somewhere else.',
+  version: 'This page is older than the server; reload it.',
+  network: 'lapd could not be reached; is it running?',
+  'http-401': 'Sign in to the app first (anonymous connections are off on this server).',
+  'http-429': 'Too many attempts; wait a minute and try again.',
+}
+const NARROW = '(max-width: 640px)'
+export const DEFAULT_SHORTCUT = 'Alt+Shift+A'
 
 const PANEL_CSS = `
-:host { all: initial; }
-.p { position: fixed; right: 16px; bottom: 16px; z-index: 2147483000; width: 320px; max-height: 70vh; display: flex; flex-direction: column;
-  font: 13px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2328; background: #fff; border: 1px solid #d0d7de;
-  border-radius: 10px; box-shadow: 0 8px 24px rgba(0,0,0,.15); overflow: hidden; }
-.h { display: flex; align-items: center; gap: 8px; padding: 8px 10px; background: #f6f8fa; border-bottom: 1px solid #d0d7de; }
+:host { all: initial; display: block; }
+* { box-sizing: border-box; }
+.p { position: fixed; right: 16px; bottom: 16px; z-index: 2147483000; width: 340px; max-height: min(70vh, 680px);
+  display: flex; flex-direction: column; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2328;
+  background: #fff; border: 1px solid #d0d7de; border-radius: 12px; box-shadow: 0 8px 24px rgba(0,0,0,.18); overflow: hidden; }
+.toggle { display: flex; align-items: center; gap: 8px; width: 100%; min-height: 44px; padding: 8px 12px; border: 0; border-radius: 0;
+  background: #f6f8fa; border-bottom: 1px solid #d0d7de; text-align: left; font-weight: 600; }
+.collapsed .toggle { border-bottom: 0; }
 .dot { width: 10px; height: 10px; border-radius: 50%; flex: none; }
-.t { font-weight: 600; flex: 1; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
-.b { padding: 10px; overflow: auto; display: flex; flex-direction: column; gap: 8px; }
+.t { flex: 1; min-width: 0; }
+.badge { flex: none; min-width: 22px; padding: 1px 7px; border-radius: 11px; background: #cf222e; color: #fff; font-size: 12px; text-align: center; }
+.chev { flex: none; color: #59636e; transition: transform .15s; }
+.collapsed .chev { transform: rotate(180deg); }
+.b { padding: 12px; overflow: auto; display: flex; flex-direction: column; gap: 10px; overscroll-behavior: contain; }
 .b > * { flex-shrink: 0; }
-.collapsed .b { display: none; }
-button { font: inherit; border: 1px solid #d0d7de; background: #f6f8fa; color: inherit; border-radius: 6px; padding: 4px 10px; cursor: pointer; }
-button:hover { background: #eef1f4; }
-button:focus-visible { outline: 2px solid #0969da; outline-offset: 2px; }
+.b[hidden] { display: none; }
+.b > div:empty { display: none; }
+.sec { display: flex; flex-direction: column; gap: 8px; }
+p { margin: 0; }
+button { font: inherit; min-height: 36px; border: 1px solid #d0d7de; background: #f6f8fa; color: #1f2328; border-radius: 8px; padding: 6px 14px; cursor: pointer; }
+button:hover { background: #eaeef2; }
+.toggle:hover { background: #eaeef2; }
+:focus-visible { outline: 3px solid #0969da; outline-offset: 2px; }
+.toggle:focus-visible { outline-offset: -3px; }
 button.primary { background: #0969da; border-color: #0969da; color: #fff; }
-button.danger { color: #d1242f; }
-.line { display: flex; gap: 6px; align-items: flex-start; }
-code { flex: 1; font: 12px/1.4 ui-monospace, SFMono-Regular, Menlo, monospace; background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 6px; padding: 6px; word-break: break-all; user-select: all; }
-.err { color: #d1242f; }
+button.primary:hover { background: #0860ca; }
+button.danger { color: #c21c2c; }
+button.link { border: 0; background: none; padding: 4px 6px; min-height: 32px; color: #0859c2; text-decoration: underline; }
+.line { display: flex; gap: 6px; align-items: stretch; }
+input.cl { flex: 1; min-width: 0; font: 13px/1.4 ui-monospace, SFMono-Regular, Menlo, monospace; color: #1f2328; background: #f6f8fa;
+  border: 1px solid #d0d7de; border-radius: 8px; padding: 6px 8px; white-space: nowrap; text-overflow: clip; }
+.err { color: #c21c2c; }
 .muted { color: #59636e; }
-.card { border: 1px solid #f5a623; background: #fff8e6; border-radius: 8px; padding: 8px; display: flex; flex-direction: column; gap: 6px; }
-pre { margin: 0; font: 12px/1.4 ui-monospace, monospace; white-space: pre-wrap; word-break: break-all; max-height: 120px; overflow: auto; }
-.row { display: flex; gap: 6px; }
-ul { list-style: none; margin: 0; padding: 0; display: flex; flex-direction: column; gap: 4px; max-height: 200px; overflow: auto; }
-li { padding: 4px 6px; border-radius: 6px; background: #f6f8fa; }
-li.blocked, li.error, li.rejected { background: #ffebe9; }
-li.dispatched, li.confirmed { background: #dafbe1; }
-li.narrate { background: #ddf4ff; }
-summary { cursor: pointer; }
-details[open] summary { margin-bottom: 6px; }
+.small { font-size: 12px; }
 h3 { margin: 0; font-size: 12px; text-transform: uppercase; letter-spacing: .04em; color: #59636e; }
+.hrow { display: flex; align-items: center; justify-content: space-between; gap: 8px; }
+.card { border: 1px solid #d4a72c; background: #fff8c5; border-radius: 10px; padding: 10px; display: flex; flex-direction: column; gap: 6px; }
+.ask strong { font-size: 15px; }
+dl { margin: 0; display: grid; grid-template-columns: auto 1fr; gap: 2px 8px; font-size: 13px; }
+dt { color: #59636e; }
+dd { margin: 0; overflow-wrap: anywhere; }
+.row { display: flex; gap: 8px; flex-wrap: wrap; }
+.row button { flex: 1 1 auto; }
+ul.feed { list-style: none; margin: 0; padding: 2px; display: flex; flex-direction: column; gap: 4px; max-height: 200px; overflow: auto; border-radius: 8px; }
+li { padding: 6px 8px; border-radius: 8px; background: #f6f8fa; overflow-wrap: anywhere; }
+li.ok { background: #dafbe1; }
+li.bad { background: #ffebe9; }
+li.wait { background: #fff8c5; }
+li.narrate { background: #ddf4ff; }
+li.read { background: none; color: #59636e; padding: 2px 8px; }
+.lbl { font-weight: 600; }
+time { color: #59636e; font-size: 12px; white-space: nowrap; }
+.det { margin: 4px 0 0; font: 12px/1.4 ui-monospace, monospace; white-space: pre-wrap; color: #424a53; }
+.sr { position: absolute; width: 1px; height: 1px; margin: -1px; padding: 0; overflow: hidden; clip: rect(0 0 0 0); white-space: nowrap; border: 0; }
+.narrow.p { left: 0; right: 0; bottom: 0; width: auto; max-height: 50vh; max-height: 50dvh; border-radius: 14px 14px 0 0;
+  border-left: 0; border-right: 0; border-bottom: 0; padding-bottom: env(safe-area-inset-bottom); }
+.narrow button { min-height: 44px; min-width: 44px; }
+.narrow .toggle { min-height: 52px; }
+summary { cursor: pointer; padding: 4px 0; }
+.narrow summary { padding: 12px 0; }
+.narrow.collapsed .t { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.narrow ul.feed { max-height: none; overflow: visible; }
+@media (prefers-reduced-motion: reduce) { .chev { transition: none; } }
 `
 
-function createPanel(agent, doc, container) {
-  const host = doc.createElement('div')
-  host.setAttribute('data-lapd-panel', '')
-  const root = typeof host.attachShadow === 'function' ? host.attachShadow({ mode: 'open' }) : host
+const SKIP_CSS = `
+:host { all: initial; }
+a { position: fixed; left: 8px; top: 8px; z-index: 2147483001; padding: 10px 14px; border-radius: 8px; background: #0969da; color: #fff;
+  font: 600 14px/1.4 system-ui, sans-serif; text-decoration: none; transform: translateY(-200%); }
+a:focus { transform: none; outline: 3px solid #1f2328; outline-offset: 2px; }
+`
+
+// parseShortcut reads "Alt+Shift+A" into a keydown matcher (null when off).
+function parseShortcut(spec) {
+  if (spec === false || spec === null) return null
+  const parts = String(spec || DEFAULT_SHORTCUT).split('+').map((x) => x.trim().toLowerCase())
+  const key = parts.pop()
+  const mods = { alt: parts.includes('alt'), shift: parts.includes('shift'), ctrl: parts.includes('ctrl') || parts.includes('control'), meta: parts.includes('meta') || parts.includes('cmd') }
+  const code = /^[a-z]$/.test(key) ? 'Key' + key.toUpperCase() : /^[0-9]$/.test(key) ? 'Digit' + key : null
+  return (e) => e.altKey === mods.alt && e.shiftKey === mods.shift && e.ctrlKey === mods.ctrl && e.metaKey === mods.meta &&
+    (code ? e.code === code : String(e.key).toLowerCase() === key)
+}
+
+function createPanel(agent, doc, win, uiOpts, view) {
+  const w = doc.defaultView || win || null
   const el = (tag, props = {}, ...children) => {
     const n = doc.createElement(tag)
     for (const [k, v] of Object.entries(props)) {
+      if (v === undefined || v === null || v === false) continue
       if (k === 'testid') n.setAttribute('data-testid', v)
       else if (k === 'onclick') n.addEventListener('click', v)
       else if (k === 'class') n.className = v
       else if (k === 'text') n.textContent = v
-      else n.setAttribute(k, v)
+      else n.setAttribute(k, v === true ? '' : v)
     }
-    for (const c of children) if (c) n.append(c)
+    for (const c of children) if (c !== null && c !== undefined && c !== false) n.append(c)
     return n
   }
-  const style = el('style', { text: PANEL_CSS })
-  const dot = el('span', { class: 'dot', 'aria-hidden': 'true' })
-  const title = el('span', { class: 't', testid: 'status', role: 'status', 'aria-live': 'polite' })
-  const toggle = el('button', { 'aria-expanded': 'true', 'aria-label': 'Collapse the lapd panel', text: '–' })
-  const body = el('div', { class: 'b' })
-  const panel = el('section', { class: 'p', 'aria-label': 'AI connection (lapd)' }, el('div', { class: 'h' }, dot, title, toggle), body)
-  toggle.addEventListener('click', () => {
-    const collapsed = panel.classList.toggle('collapsed')
-    toggle.textContent = collapsed ? '+' : '–'
-    toggle.setAttribute('aria-expanded', String(!collapsed))
-    toggle.setAttribute('aria-label', collapsed ? 'Expand the lapd panel' : 'Collapse the lapd panel')
-  })
-  root.append(style, panel)
-  ;(container || doc.body || doc.documentElement).append(host)
+  const shortcut = uiOpts.shortcut === undefined ? DEFAULT_SHORTCUT : uiOpts.shortcut
+  const matches = parseShortcut(shortcut)
 
+  // ── structure, built once ──
+  const host = doc.createElement('div')
+  host.setAttribute('data-lapd-panel', '')
+  if (!doc.getElementById || !doc.getElementById('lapd-panel')) host.id = 'lapd-panel' // the skip link's target
+  const root = typeof host.attachShadow === 'function' ? host.attachShadow({ mode: 'open' }) : host
+  const dot = el('span', { class: 'dot', 'aria-hidden': 'true' })
+  const title = el('span', { class: 't', testid: 'status' })
+  const badgeNum = el('span')
+  const badge = el('span', { class: 'badge', testid: 'badge', hidden: true }, badgeNum, el('span', { class: 'sr', text: ' waiting for your approval' }))
+  const toggle = el('button', { class: 'toggle', testid: 'toggle', type: 'button', 'aria-expanded': 'true', 'aria-controls': 'lapd-body' },
+    dot, title, badge, el('span', { class: 'chev', 'aria-hidden': 'true', text: '▾' }))
+  const top = el('div', { class: 'sec', testid: 'connect-section' })
+  const approvals = el('div', { class: 'sec', testid: 'approvals' })
+  const detailsBtn = el('button', { class: 'link', type: 'button', testid: 'feed-details', 'aria-pressed': 'false', text: 'Show details' })
+  const feed = el('ul', { class: 'feed', testid: 'feed', 'aria-label': 'Activity, newest first' })
+  const activity = el('div', { class: 'sec' }, el('div', { class: 'hrow' }, el('h3', { text: 'Activity' }), detailsBtn), feed)
+  const foot = el('div', { class: 'sec' })
+  const body = el('div', { class: 'b', id: 'lapd-body', testid: 'body' }, approvals, top, activity, foot)
+  const announcer = el('div', { class: 'sr', testid: 'announcer', 'aria-live': 'polite', 'aria-atomic': 'false' })
+  const panel = el('section', { class: 'p', 'aria-label': 'AI assistant (lapd)', testid: 'panel' }, toggle, body, announcer)
+  root.append(el('style', { text: PANEL_CSS }), panel)
+  ;(uiOpts.container || doc.body || doc.documentElement).append(host)
+
+  // The skip link: the page's first Tab stop, shown only while focused.
+  let skipHost = null
+  if (uiOpts.skipLink !== false && !uiOpts.container && doc.body) {
+    skipHost = doc.createElement('div')
+    skipHost.setAttribute('data-lapd-skip', '')
+    const sroot = typeof skipHost.attachShadow === 'function' ? skipHost.attachShadow({ mode: 'open' }) : skipHost
+    const a = el('a', { href: '#lapd-panel', testid: 'skip', text: shortcut ? `Skip to the AI panel (${shortcut})` : 'Skip to the AI panel' })
+    a.addEventListener('click', (e) => { e.preventDefault(); jump() })
+    sroot.append(el('style', { text: SKIP_CSS }), el('nav', { 'aria-label': 'Skip link' }, a))
+    doc.body.prepend(skipHost)
+  }
+
+  // ── layout: wide panel or narrow bottom sheet ──
+  const mq = w && typeof w.matchMedia === 'function' ? w.matchMedia(NARROW) : null
+  let narrow = !!(mq && mq.matches)
+  let collapsed = uiOpts.collapsed ?? narrow
+  const onMedia = () => {
+    const was = narrow
+    narrow = !!(mq && mq.matches)
+    if (narrow !== was) collapsed = narrow
+    render()
+  }
+  if (mq) { if (typeof mq.addEventListener === 'function') mq.addEventListener('change', onMedia); else if (mq.addListener) mq.addListener(onMedia) }
+  // The host sits at the end of the page and is as tall as the panel (plus
+  // its margin on a wide screen), so the page can scroll everything above
+  // it: always on a narrow screen, on a wide one while an approval waits
+  // (what it is about must not stay hidden under the card).
+  let waiting = 0
+  function reserve() {
+    const need = !uiOpts.container && typeof panel.getBoundingClientRect === 'function' && (narrow || waiting > 0)
+    const h = need ? Math.ceil(panel.getBoundingClientRect().height) + (narrow ? 0 : 16) : 0
+    host.style.height = h ? `${h}px` : '0px'
+    // The feed is a Tab stop (with a focus ring) exactly when it scrolls.
+    const scrolls = feed.scrollHeight > feed.clientHeight + 1
+    if (scrolls) feed.setAttribute('tabindex', '0')
+    else if (root.activeElement !== feed) feed.removeAttribute('tabindex')
+  }
+  const ro = w && typeof w.ResizeObserver === 'function' ? new w.ResizeObserver(reserve) : null
+  if (ro) ro.observe(panel)
+
+  toggle.addEventListener('click', () => { collapsed = !collapsed; render() })
+  let showDetails = false
+  detailsBtn.addEventListener('click', () => { showDetails = !showDetails; sigFeed = ''; render() })
+
+  // ── focus ──
+  let returnTo = null // where focus was before a jump into the panel
+  let wantFocus = null // a data-testid to move focus to once it appears (after Connect: Copy)
+  function primary() {
+    return root.querySelector('[data-testid^="approve-"]') || root.querySelector('[data-testid="connect"]') ||
+      root.querySelector('[data-testid="copy"]') || toggle
+  }
+  function jump() {
+    const a = doc.activeElement
+    if (a && a !== host && a !== doc.body) returnTo = a
+    collapsed = false
+    render()
+    const t = primary()
+    t.focus()
+    if (typeof t.scrollIntoView === 'function') t.scrollIntoView({ block: 'nearest' })
+  }
+  const onKey = (e) => {
+    if (matches && matches(e)) { e.preventDefault(); jump() }
+  }
+  doc.addEventListener('keydown', onKey, true)
+  panel.addEventListener('keydown', (e) => {
+    if (e.key !== 'Escape') return
+    e.stopPropagation()
+    if (narrow) collapsed = true
+    render()
+    const back = returnTo && returnTo.isConnected ? returnTo : null
+    returnTo = null
+    ;(back || toggle).focus()
+  })
+
+  // ── announcements (one stable live region) ──
+  function announce(text) {
+    if (!text) return
+    announcer.append(el('p', { text }))
+    while (announcer.childNodes.length > 3) announcer.firstChild.remove()
+  }
+  let lastStatus = agent.status
+  const seenConfirms = new Set()
+
+  // ── rendering: each section is rebuilt only when what it shows changed ──
   let copied = false
+  let lineOpen = false // the folded connect line, once an AI is connected
+  let sigTop = ''
+  let sigCards = ''
+  let sigFeed = ''
+  let sigFoot = ''
+  let frame = null
+  function schedule() {
+    if (frame !== null) return
+    const run = () => { frame = null; render() }
+    frame = w && typeof w.requestAnimationFrame === 'function' ? w.requestAnimationFrame(run) : setTimeout(run, 0)
+  }
+
   function render() {
+    if (frame !== null) { (w && typeof w.cancelAnimationFrame === 'function' ? w.cancelAnimationFrame : clearTimeout)(frame); frame = null }
+    const active = root.activeElement
+    const activeId = active && active.getAttribute ? active.getAttribute('data-testid') : null
     const s = agent.status
-    dot.style.background = DOT[s] || '#9aa0a6'
-    title.textContent = s === 'error' && agent.error ? `Error: ${agent.error.code}` : STATUS_TEXT[s] || s
-    title.setAttribute('data-status', s)
-    const parts = []
-    if (agent.error && s === 'error') parts.push(el('div', { class: 'err', text: agent.error.detail || agent.error.code }))
-    if (agent.message && s !== 'active') parts.push(el('div', { class: 'muted', text: agent.message }))
-    if (s === 'idle' || s === 'error' || s === 'failed') {
-      parts.push(el('button', { class: 'primary', testid: 'connect', onclick: () => agent.connect(), text: s === 'idle' ? 'Connect an AI' : 'Connect again' }))
-    }
-    const line = agent.connectLine
-    if (line && (s === 'pending-claude' || s === 'active' || s === 'reconnecting')) {
-      const copy = el('button', { testid: 'copy', 'aria-label': 'Copy the connect line', text: copied ? 'Copied' : 'Copy' })
-      copy.addEventListener('click', async () => {
-        try { await doc.defaultView.navigator.clipboard.writeText(line); copied = true } catch { copied = false }
-        render()
-      })
-      const row = el('div', { class: 'line' }, el('code', { testid: 'connect-line', text: line }), copy)
-      if (s === 'pending-claude') parts.push(el('div', { class: 'muted', text: 'Paste this into your AI chat:' }), row)
-      else parts.push(el('details', {}, el('summary', { class: 'muted', text: 'Connect line' }), row))
-    }
     const pend = agent.pendingConfirms()
-    if (pend.length) {
-      parts.push(el('h3', { text: `Approval needed (${pend.length})` }))
+    waiting = pend.length
+
+    panel.classList.toggle('narrow', narrow)
+    panel.classList.toggle('collapsed', collapsed)
+    body.hidden = collapsed
+    toggle.setAttribute('aria-expanded', String(!collapsed))
+    dot.style.background = DOT[s] || '#6e7781'
+    title.setAttribute('data-status', s)
+    let t = s === 'error' && agent.error ? `${STATUS_TEXT.error} (${agent.error.code})` : STATUS_TEXT[s] || s
+    if (collapsed && pend.length) t = `Approve? ${pend[0].summary || pend[0].intent}`
+    title.textContent = t
+    badge.hidden = pend.length === 0
+    badgeNum.textContent = String(pend.length)
+
+    // connect state
+    const line = agent.connectLine
+    const key = JSON.stringify([s, agent.error, agent.message, line, copied])
+    if (key !== sigTop) {
+      sigTop = key
+      const parts = []
+      if (agent.error && s === 'error') {
+        const words = ERROR_WORDS[agent.error.code] || 'Something went wrong.'
+        parts.push(el('p', { class: 'err', testid: 'error', text: `${words}${agent.error.detail ? ` (${agent.error.code}: ${agent.error.detail})` : ''}` }))
+      }
+      if (agent.message && s !== 'active') parts.push(el('p', { class: 'muted', text: agent.message }))
+      if (s === 'idle' || s === 'error' || s === 'failed') {
+        if (s === 'idle' && !agent.message) parts.push(el('p', { class: 'muted', text: 'Let an AI assistant (Claude, or any MCP client) use this app. You approve the risky steps here.' }))
+        parts.push(el('button', { class: 'primary', type: 'button', testid: 'connect', onclick: () => { wantFocus = 'copy'; agent.connect() }, text: s === 'idle' ? 'Connect an AI' : 'Connect again' }))
+      }
+      if (line && s === 'pending-claude') {
+        parts.push(el('p', { text: 'Paste this line into your AI chat:' }), lineRow(line),
+          el('p', { class: 'muted small', text: 'It lets the AI use this app until you disconnect. Keep it private.' }))
+      }
+      top.replaceChildren(...parts)
+    }
+
+    // approvals
+    const now = Date.now()
+    const cardKey = JSON.stringify(pend.map((c) => [c.id, c.summary, c.reason, c.payload, c.expiresAt ? relativeUntil(c.expiresAt, now) : '']))
+    if (cardKey !== sigCards) {
+      sigCards = cardKey
+      const parts = []
+      if (pend.length) parts.push(el('h3', { text: pend.length === 1 ? 'Approval needed' : `Approvals needed (${pend.length})` }))
       for (const c of pend) {
-        parts.push(el('div', { class: 'card', role: 'group', 'aria-label': `Approve ${c.intent}?` },
-          el('strong', { text: c.intent || c.variant }),
-          c.reason ? el('div', { text: `Reason: ${c.reason}` }) : null,
-          c.payload && Object.keys(c.payload).length ? el('pre', { text: JSON.stringify(c.payload, null, 2) }) : null,
+        const tid = `ask-${c.id}`
+        const fields = c.payload && typeof c.payload === 'object' ? Object.entries(c.payload).slice(0, 8) : []
+        parts.push(el('div', { class: 'card', role: 'group', 'aria-labelledby': tid, testid: `card-${c.id}` },
+          el('p', { class: 'ask', id: tid }, 'The AI asks to: ', el('strong', { text: c.summary || c.intent || c.variant })),
+          c.reason ? el('p', { text: `Why: ${c.reason}` }) : null,
+          fields.length ? el('dl', {}, ...fields.flatMap(([k, v]) => [el('dt', { text: k }), el('dd', { text: readable(v) })])) : null,
+          c.expiresAt ? el('p', { class: 'muted small', text: `If you do not answer, it is rejected ${relativeUntil(c.expiresAt, now)}.` }) : null,
           el('div', { class: 'row' },
-            el('button', { class: 'primary', testid: `approve-${c.id}`, onclick: () => agent.approve(c.id), text: 'Approve' }),
-            el('button', { class: 'danger', testid: `reject-${c.id}`, onclick: () => agent.reject(c.id), text: 'Reject' }))))
+            el('button', { class: 'primary', type: 'button', testid: `approve-${c.id}`, onclick: () => agent.approve(c.id), text: 'Approve' }),
+            el('button', { class: 'danger', type: 'button', testid: `reject-${c.id}`, onclick: () => agent.reject(c.id), text: 'Reject' }))))
+      }
+      approvals.replaceChildren(...parts)
+    }
+    for (const c of pend) {
+      if (seenConfirms.has(c.id)) continue
+      seenConfirms.add(c.id)
+      announce(`Approval needed: ${c.summary || c.intent}.${matches ? ` Press ${shortcut} to answer.` : ''}`)
+    }
+
+    // activity
+    const items = view.feed()
+    const rows = items.map((it) => [it.id, it.tone, it.label, it.text, it.count || 0, relativeTime(it.at, now), showDetails ? it.detail : ''])
+    const feedKey = JSON.stringify([rows, showDetails])
+    if (feedKey !== sigFeed) {
+      sigFeed = feedKey
+      detailsBtn.setAttribute('aria-pressed', String(showDetails))
+      detailsBtn.textContent = showDetails ? 'Hide details' : 'Show details'
+      detailsBtn.hidden = !items.some((it) => it.detail)
+      if (!items.length) {
+        feed.replaceChildren(el('li', { class: 'read', text: 'Nothing yet. What the AI reads and does shows up here.' }))
+      } else {
+        feed.replaceChildren(...items.map((it) => el('li', { class: it.tone, 'data-id': it.id },
+          it.label ? el('span', { class: 'lbl', text: `${it.label}: ` }) : null,
+          el('span', { text: it.text }),
+          it.count > 1 ? el('span', { class: 'muted', text: ` (${it.count} times)` }) : null,
+          ' ',
+          it.at ? el('time', { datetime: new Date(it.at).toISOString(), title: new Date(it.at).toLocaleString(), text: relativeTime(it.at, now) }) : null,
+          showDetails && it.detail ? el('p', { class: 'det', text: it.detail }) : null)))
       }
     }
-    const entries = agent.log().slice(-30).reverse()
-    parts.push(el('h3', { text: 'Activity' }))
-    const feed = el('ul', { testid: 'feed', 'aria-live': 'polite' })
-    if (!entries.length) feed.append(el('li', { class: 'muted', text: 'Nothing yet.' }))
-    for (const e of entries) {
-      let text = e.intent || e.variant || e.kind
-      if (e.kind === 'narrate') text = e.detail || text
-      else if (e.kind === 'dispatched') text = `${text}: ${summarizeDiff(e.stateDiff)}`
-      else if (e.kind === 'blocked' || e.kind === 'error' || e.kind === 'rejected') text = `${text}: ${e.detail || e.kind}`
-      else if (e.kind === 'proposed') text = `${text}: waiting for your approval`
-      feed.append(el('li', { class: e.kind, text }))
+
+    // footer: Cancel before an AI connected; the connect line (folded) and
+    // Disconnect after
+    const footKey = JSON.stringify([s, !!agent.session, line, copied])
+    if (footKey !== sigFoot) {
+      sigFoot = footKey
+      const parts = []
+      if (line && (s === 'active' || s === 'reconnecting')) {
+        const d = el('details', { open: lineOpen }, el('summary', { class: 'muted', testid: 'connect-line-toggle', text: 'Connect line' }), lineRow(line))
+        d.addEventListener('toggle', () => { lineOpen = d.open })
+        parts.push(d)
+      }
+      if (agent.session && s === 'pending-claude')
+        parts.push(el('button', { type: 'button', testid: 'cancel', onclick: () => agent.disconnect(), text: 'Cancel' }))
+      else if (agent.session && (s === 'active' || s === 'reconnecting' || s === 'failed'))
+        parts.push(el('button', { class: 'danger', type: 'button', testid: 'disconnect', onclick: () => agent.disconnect(), text: 'Disconnect the AI' }))
+      foot.replaceChildren(...parts)
     }
-    parts.push(feed)
-    if (agent.session && s !== 'idle' && s !== 'minting') parts.push(el('button', { class: 'danger', testid: 'disconnect', onclick: () => agent.disconnect(), text: 'Disconnect' }))
-    const focusedId = root.activeElement && root.activeElement.getAttribute && root.activeElement.getAttribute('data-testid')
-    body.replaceChildren(...parts)
-    if (focusedId) { const f = body.querySelector(`[data-testid="${focusedId}"]`); if (f) f.focus() }
+
+    // status changes are announced once
+    if (s !== lastStatus) {
+      lastStatus = s
+      if (s !== 'minting') announce(s === 'error' && agent.error ? `${STATUS_TEXT.error}: ${ERROR_WORDS[agent.error.code] || agent.error.code}` : STATUS_TEXT[s])
+    }
+
+    // focus: stay on the control that was used; when it went away, go to the
+    // next thing to do (the next approval, Connect, or the bar), never to the
+    // page's body.
+    if (active && !active.isConnected) {
+      const same = activeId ? root.querySelector(`[data-testid="${CSS_ESCAPE(activeId)}"]`) : null
+      const next = same || root.querySelector('[data-testid^="approve-"]') ||
+        (/^(disconnect|cancel)$/.test(activeId || '') ? root.querySelector('[data-testid="connect"]') : null) || toggle
+      next.focus({ preventScroll: true })
+    }
+    if (wantFocus) {
+      const cur = root.activeElement
+      const t = root.querySelector(`[data-testid="${wantFocus}"]`)
+      if (cur && cur !== toggle) wantFocus = null // the human went on elsewhere in the panel
+      else if (!cur && doc.activeElement && doc.activeElement !== doc.body && doc.activeElement !== host) wantFocus = null // … or in the page
+      else if (t) { t.focus({ preventScroll: true }); wantFocus = null }
+    }
+    reserve()
   }
-  const offs = [agent.on('status', () => { copied = false; render() }), agent.on('confirm', render)]
+
+  // The connect line, one scrollable line, and its Copy button.
+  function lineRow(line) {
+    const input = el('input', { class: 'cl', testid: 'connect-line', readonly: true, value: line, 'aria-label': 'Connect line', spellcheck: 'false', autocomplete: 'off' })
+    input.value = line
+    input.addEventListener('focus', () => input.select())
+    const copy = el('button', { type: 'button', testid: 'copy', text: copied ? 'Copied' : 'Copy', 'aria-label': copied ? 'Copied the connect line' : 'Copy the connect line' })
+    copy.addEventListener('click', async () => {
+      let ok = false
+      try { await w.navigator.clipboard.writeText(line); ok = true } catch {
+        try { input.select(); ok = doc.execCommand('copy') } catch { ok = false }
+      }
+      copied = ok
+      announce(ok ? 'Copied. Paste it into your AI chat.' : 'Could not copy; select the line and copy it.')
+      render()
+    })
+    return el('div', { class: 'line' }, input, copy)
+  }
+
+  const offs = [
+    agent.on('status', () => { copied = false; schedule() }),
+    agent.on('confirm', schedule),
+    agent.on('log', (entry) => {
+      const it = view.describe ? view.describe(entry) : null
+      if (it && it.tone !== 'read' && it.tone !== 'wait') announce(`${it.label ? `${it.label}: ` : ''}${it.text}`)
+    }),
+  ]
+  const ticker = setInterval(schedule, 15000) // relative times
+  if (ticker && typeof ticker.unref === 'function') ticker.unref()
   render()
-  return { render, remove() { offs.forEach((f) => f()); host.remove() } }
+  return {
+    render,
+    schedule,
+    jump,
+    remove() {
+      offs.forEach((f) => f())
+      clearInterval(ticker)
+      if (frame !== null) { (w && typeof w.cancelAnimationFrame === 'function' ? w.cancelAnimationFrame : clearTimeout)(frame); frame = null }
+      doc.removeEventListener('keydown', onKey, true)
+      if (mq) { if (typeof mq.removeEventListener === 'function') mq.removeEventListener('change', onMedia); else if (mq.removeListener) mq.removeListener(onMedia) }
+      if (ro) ro.disconnect()
+      host.remove()
+      if (skipHost) skipHost.remove()
+    },
+  }
+}
+
+// readable writes a payload value for a person: strings as they are, the rest as short JSON.
+function CSS_ESCAPE(s) { return String(s).replace(/["\\]/g, '\\$&') }
+
+function readable(v) {
+  if (typeof v === 'string') return clip(v, 200)
+  try { return clip(JSON.stringify(v), 200) } catch { return String(v) }
+}
+
+// "in 9 min" / "in 40 s" / "now".
+function relativeUntil(at, now) {
+  const s = Math.round((at - now) / 1000)
+  if (s <= 5) return 'now'
+  if (s < 60) return `in ${s} s`
+  const m = Math.round(s / 60)
+  return m < 60 ? `in ${m} min` : `in ${Math.round(m / 60)} h`
 }

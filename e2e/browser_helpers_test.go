@@ -8,10 +8,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 	mcpclient "github.com/mark3labs/mcp-go/client"
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 )
@@ -21,7 +28,14 @@ import (
 // client, over /agent/mcp and over `lapd mcp` (stdio). Helpers here are
 // prefixed with "browser" so they never collide with the other e2e files.
 
-const browserChromium = "/usr/bin/chromium"
+// browserChromium is the browser the suite drives: $LAPD_CHROMIUM (which
+// .ci/run exports), else Debian's /usr/bin/chromium.
+var browserChromium = func() string {
+	if p := os.Getenv("LAPD_CHROMIUM"); p != "" {
+		return p
+	}
+	return "/usr/bin/chromium"
+}()
 
 // browserPanel is the panel's shadow root on the demo page.
 const browserPanel = `document.querySelector('[data-lapd-panel]').shadowRoot`
@@ -35,11 +49,27 @@ func browserTestID(id string) string {
 type browserTab struct {
 	t   *testing.T
 	ctx context.Context
+
+	mu       sync.Mutex
+	problems []string // HTTP errors and console errors the page met
 }
 
-// browserOpen starts a fresh headless Chromium (own profile dir) and opens url.
-// The browser is closed on cleanup.
+// Viewports: a desktop window and a phone (390 px wide, as an iPhone 12–15).
+const (
+	browserDesktopW, browserDesktopH = 1280, 800
+	browserPhoneW, browserPhoneH     = 390, 844
+)
+
+// browserOpen starts a fresh headless Chromium (own profile dir) with a
+// desktop viewport and opens url. The browser is closed on cleanup.
 func browserOpen(t *testing.T, url string) *browserTab {
+	t.Helper()
+	return browserOpenSize(t, url, browserDesktopW, browserDesktopH)
+}
+
+// browserOpenSize is browserOpen with a viewport of w×h CSS pixels (a phone
+// width also turns on touch and mobile emulation).
+func browserOpenSize(t *testing.T, url string, w, h int64) *browserTab {
 	t.Helper()
 	needTool(t, "chromium", browserChromium)
 	opts := []chromedp.ExecAllocatorOption{
@@ -69,9 +99,108 @@ func browserOpen(t *testing.T, url string) *browserTab {
 	if _, err := chromedp.Run(ctx, chromedp.Navigate("about:blank")); err != nil {
 		t.Fatalf("starting chromium: %v", err)
 	}
+	if w < 600 {
+		browserRun(t, ctx, 10*time.Second, chromedp.EmulateViewport(w, h, chromedp.EmulateMobile, chromedp.EmulateTouch, chromedp.EmulatePortrait))
+	} else {
+		browserRun(t, ctx, 10*time.Second, chromedp.EmulateViewport(w, h))
+	}
+	// Record what a browser-driving tool would report as errors: failed
+	// requests (a missing favicon is one) and console errors.
+	if err := chromedp.Listen(ctx, func(ev any) {
+		var p string
+		switch e := ev.(type) {
+		case *network.EventResponseReceived:
+			if e.Response != nil && e.Response.Status >= 400 {
+				p = fmt.Sprintf("HTTP %d %s", e.Response.Status, e.Response.URL)
+			}
+		case *cdplog.EventEntryAdded:
+			if e.Entry != nil && e.Entry.Level == cdplog.EntryLevelError {
+				p = "console: " + e.Entry.Text
+			}
+		case *runtime.EventExceptionThrown:
+			if e.ExceptionDetails != nil {
+				p = "exception: " + e.ExceptionDetails.Text
+			}
+		}
+		if p != "" {
+			b.mu.Lock()
+			b.problems = append(b.problems, p)
+			b.mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
 	browserRun(t, ctx, 20*time.Second, chromedp.Navigate(url))
 	b.waitJS(`!!window.__lapd && !!`+browserPanel, 10*time.Second)
 	return b
+}
+
+// pageProblems returns the HTTP and console errors seen so far.
+func (b *browserTab) pageProblems() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.problems...)
+}
+
+// key presses keys (kb constants or text) with optional modifiers, on
+// whatever has focus. Enter is sent as a keyboard sends it, one keyDown that
+// carries the text and a keyUp (chromedp's KeyEvent adds a separate char
+// event, which a page cannot cancel from keydown as it can a real keypress).
+func (b *browserTab) key(keys string, mods ...chromedp.Modifier) {
+	b.t.Helper()
+	if keys == kb.Enter {
+		var m int64
+		for _, x := range mods {
+			m |= int64(x)
+		}
+		down := input.DispatchKeyEventParams{Type: input.DispatchKeyEventTypeKeyDown, Key: "Enter", Code: "Enter", Text: "\r", UnmodifiedText: "\r",
+			WindowsVirtualKeyCode: 13, NativeVirtualKeyCode: 13, Modifiers: m}
+		up := down
+		up.Type, up.Text, up.UnmodifiedText = input.DispatchKeyEventTypeKeyUp, "", ""
+		browserRun(b.t, b.ctx, 10*time.Second, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			if _, err := cdp.Call(ctx, t, input.DispatchKeyEvent, down); err != nil {
+				return err
+			}
+			_, err := cdp.Call(ctx, t, input.DispatchKeyEvent, up)
+			return err
+		}))
+		return
+	}
+	browserRun(b.t, b.ctx, 10*time.Second, chromedp.KeyEvent(keys, chromedp.KeyModifiers(mods...)))
+}
+
+// focused describes the element that has focus, looking into shadow roots:
+// "panel:<data-testid>" inside the panel, "skip" on the skip link,
+// "page:<tag>#<id>" elsewhere, "body" when nothing has focus.
+func (b *browserTab) focused() string {
+	b.t.Helper()
+	return b.evalString(`(() => {
+	  let a = document.activeElement
+	  if (!a || a === document.body) return 'body'
+	  if (a.hasAttribute('data-lapd-skip')) return 'skip'
+	  if (a.hasAttribute('data-lapd-panel')) {
+	    const f = a.shadowRoot.activeElement
+	    return f ? 'panel:' + (f.getAttribute('data-testid') || f.tagName.toLowerCase()) : 'panel:host'
+	  }
+	  return 'page:' + a.tagName.toLowerCase() + (a.id ? '#' + a.id : '')
+	})()`)
+}
+
+// tabTo presses Tab until focused() reports want, at most max times, and
+// returns how many presses it took.
+func (b *browserTab) tabTo(want string, max int) int {
+	b.t.Helper()
+	var seen []string
+	for i := 1; i <= max; i++ {
+		b.key(kb.Tab)
+		f := b.focused()
+		seen = append(seen, f)
+		if f == want {
+			return i
+		}
+	}
+	b.t.Fatalf("%s not reached in %d Tabs; focus went %v", want, max, seen)
+	return 0
 }
 
 // browserRun runs one chromedp action with a deadline and fails on error.
@@ -177,10 +306,11 @@ func browserMCPHTTP(t *testing.T, srvURL string) *mcpclient.Client {
 	return c
 }
 
-// browserMCPStdio runs `lapd mcp` (the stdio bridge) under mcp-go's client.
-func browserMCPStdio(t *testing.T) *mcpclient.Client {
+// browserMCPStdio runs `lapd mcp` (the stdio bridge, with extra flags)
+// under mcp-go's client.
+func browserMCPStdio(t *testing.T, extra ...string) *mcpclient.Client {
 	t.Helper()
-	c, err := mcpclient.NewStdioMCPClient(lapdBin, []string{"LAPD_LOG_LEVEL=warn"}, "mcp")
+	c, err := mcpclient.NewStdioMCPClient(lapdBin, []string{"LAPD_LOG_LEVEL=warn", "LAPD_TOOLS="}, append([]string{"mcp"}, extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 )
 
 // mcpTransport names one way an MCP client reaches lapd.
@@ -28,8 +28,11 @@ type mcpTransport struct {
 // mcpTransports are the three ways the suites run: the stdio bridge
 // (`lapd mcp` child process), Streamable HTTP in the modern era, and
 // Streamable HTTP pinned to 2025-11-25 (legacy, with an MCP session).
+//
+// These suites exercise every tool, so their servers and bridges run with
+// --tools all (mcpAllTools); the README flow runs on the defaults.
 var mcpTransports = []mcpTransport{
-	{name: "stdio", dial: mcpDialStdio},
+	{name: "stdio", dial: func(t testing.TB, s *server) *client.Client { return mcpDialStdioBin(t, lapdBin, s, mcpAllTools...) }},
 	{name: "http-modern", modern: true, dial: func(t testing.TB, s *server) *client.Client { return mcpDialHTTP(t, s, false) }},
 	{name: "http-2025-11-25", dial: func(t testing.TB, s *server) *client.Client { return mcpDialHTTP(t, s, true) }},
 }
@@ -53,10 +56,14 @@ func mcpDialStdio(t testing.TB, s *server) *client.Client {
 	return mcpDialStdioBin(t, lapdBin, s)
 }
 
-// mcpDialStdioBin is mcpDialStdio with another lapd binary.
-func mcpDialStdioBin(t testing.TB, bin string, s *server) *client.Client {
+// mcpAllTools lists every tool (the default is the core set).
+var mcpAllTools = []string{"--tools", "all"}
+
+// mcpDialStdioBin is mcpDialStdio with another lapd binary and extra flags.
+func mcpDialStdioBin(t testing.TB, bin string, s *server, extra ...string) *client.Client {
 	t.Helper()
-	c, err := client.NewStdioMCPClient(bin, []string{"LAPD_URL=", "LAPD_LOG_LEVEL="}, "mcp", "--url", s.URL+"/agent/lap/v1")
+	args := append([]string{"mcp", "--url", s.URL + "/agent/lap/v1"}, extra...)
+	c, err := client.NewStdioMCPClient(bin, []string{"LAPD_URL=", "LAPD_LOG_LEVEL=", "LAPD_TOOLS="}, args...)
 	if err != nil {
 		t.Fatalf("starting lapd mcp: %v", err)
 	}
@@ -182,18 +189,18 @@ func mcpLine(m mintResp) string {
 
 // mcpTab mints a token on s and pairs a fake tab carrying the demo policy
 // (addTodo has a schema, clearAll requires confirm, reset is human-only).
-func mcpTab(t testing.TB, s *server, opts ...faketab.Option) (*faketab.Tab, mintResp) {
+func mcpTab(t testing.TB, s *server, opts ...lapdtest.Option) (*lapdtest.Tab, mintResp) {
 	t.Helper()
 	m := s.mintTB(t)
 	tab := mcpDial(t, m, opts...)
 	return tab, m
 }
 
-func mcpDial(t testing.TB, m mintResp, opts ...faketab.Option) *faketab.Tab {
+func mcpDial(t testing.TB, m mintResp, opts ...lapdtest.Option) *lapdtest.Tab {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	tab, err := faketab.Dial(ctx, m.WSURL, m.Token, append([]faketab.Option{faketab.WithPolicy(faketab.DemoPolicy())}, opts...)...)
+	tab, err := lapdtest.Dial(ctx, m.WSURL, m.Token, append([]lapdtest.Option{lapdtest.WithPolicy(lapdtest.DemoPolicy())}, opts...)...)
 	if err != nil {
 		t.Fatalf("fake tab dial: %v", err)
 	}
@@ -257,7 +264,7 @@ func (s *server) mcpTabs(t testing.TB) int {
 
 // mcpWaitFrame waits for a frame the tab received that matches pred,
 // looking at every frame (not only those after the read cursor).
-func mcpWaitFrame(t testing.TB, tab *faketab.Tab, what string, pred func(faketab.Frame) bool) faketab.Frame {
+func mcpWaitFrame(t testing.TB, tab *lapdtest.Tab, what string, pred func(lapdtest.Frame) bool) lapdtest.Frame {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -274,7 +281,7 @@ func mcpWaitFrame(t testing.TB, tab *faketab.Tab, what string, pred func(faketab
 }
 
 // mcpRPCsFor lists the msg types of send_message/would_dispatch rpc frames.
-func mcpRPCVariants(tab *faketab.Tab) []string {
+func mcpRPCVariants(tab *lapdtest.Tab) []string {
 	var out []string
 	for _, f := range tab.Frames() {
 		if f.T != "rpc" {

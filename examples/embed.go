@@ -24,13 +24,14 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/lapd-dev/lapd/internal/static"
 )
 
-//go:embed taskboard/index.html taskboard/app.js taskboard/style.css
+//go:embed taskboard/index.html taskboard/app.js taskboard/style.css taskboard/favicon.svg
 var taskboard embed.FS
 
 // SaveDelay is how long SaveHandler takes to answer.
@@ -52,13 +53,15 @@ var files = func() map[string]static.File {
 	add("/index.html", "index.html", "text/html; charset=utf-8")
 	add("/app.js", "app.js", "text/javascript; charset=utf-8")
 	add("/style.css", "style.css", "text/css; charset=utf-8")
+	add("/favicon.svg", "favicon.svg", "image/svg+xml")
+	add("/favicon.ico", "favicon.svg", "image/svg+xml") // browsers ask for it whatever the page links
 	return m
 }()
 
 // Handler serves the Taskboard page at / (and /index.html, /app.js,
-// /style.css) for GET and HEAD, with a strong ETag (SHA-256), Cache-Control:
-// no-cache and 304 on If-None-Match. The page loads /agent/client.js, which
-// the client package serves.
+// /style.css, /favicon.svg, /favicon.ico) for GET and HEAD, with a strong
+// ETag (SHA-256), Cache-Control: no-cache and 304 on If-None-Match. The page
+// loads /agent/client.js, which the client package serves.
 func Handler() http.Handler { return static.Handler(files) }
 
 // SaveHandler is the demo's POST /demo/save: it stores the JSON board it is
@@ -88,6 +91,12 @@ func (s *saver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"board": board, "savedAt": at})
 	case http.MethodPost:
+		// A cross-site page may POST a form or a no-cors fetch here: only
+		// the demo's own origin (or a client with no Origin) may save.
+		if o := r.Header.Get("Origin"); o != "" && !sameOrigin(o, r) {
+			writeJSON(w, http.StatusForbidden, errBody("forbidden-origin", "only the demo page itself may save the board"))
+			return
+		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxSaveBytes))
 		if err != nil {
 			writeJSON(w, http.StatusRequestEntityTooLarge, errBody("payload-too-large", "the board is over 256 KiB"))
@@ -116,6 +125,15 @@ func (s *saver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "GET, POST")
 		writeJSON(w, http.StatusMethodNotAllowed, errBody("method-not-allowed", ""))
 	}
+}
+
+// sameOrigin reports whether origin is the request's own http(s)://Host.
+func sameOrigin(origin string, r *http.Request) bool {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return strings.EqualFold(origin, scheme+"://"+r.Host)
 }
 
 func errBody(code, detail string) map[string]any {

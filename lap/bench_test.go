@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 )
 
 // state of about n bytes once encoded.
@@ -31,7 +31,7 @@ func benchState(n int) map[string]any {
 }
 
 // BenchmarkObserve measures LAP /observe over real loopback HTTP through a
-// paired faketab, next to BenchmarkFloor: the same HTTP → WebSocket → tab
+// paired lapdtest tab, next to BenchmarkFloor: the same HTTP → WebSocket → tab
 // round trip with the LAP layer removed. Compare ns/op and p50-ns in one run.
 func BenchmarkObserve(b *testing.B) { benchObserve(b, false) }
 
@@ -47,8 +47,8 @@ func benchObserve(b *testing.B, floor bool) {
 				token, tid := e.mintB(b)
 				st := benchState(size)
 				raw, _ := json.Marshal(map[string]any{"state": st, "actions": []any{}, "context": nil})
-				tab, err := faketab.Dial(context.Background(), e.srv.URL+"/agent/ws", token, faketab.WithoutLogAppend(),
-					faketab.WithHandler("observe", func(json.RawMessage) (any, *faketab.RPCError) { return json.RawMessage(raw), nil }))
+				tab, err := lapdtest.Dial(context.Background(), e.srv.URL+"/agent/ws", token, lapdtest.WithoutLogAppend(),
+					lapdtest.WithHandler("observe", func(json.RawMessage) (any, *lapdtest.RPCError) { return json.RawMessage(raw), nil }))
 				if err != nil {
 					b.Fatal(err)
 				}

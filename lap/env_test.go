@@ -15,8 +15,8 @@ import (
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/confirm"
-	"github.com/lapd-dev/lapd/internal/faketab"
 	"github.com/lapd-dev/lapd/lap"
+	"github.com/lapd-dev/lapd/lapdtest"
 	"github.com/lapd-dev/lapd/pairing"
 	"github.com/lapd-dev/lapd/tokens"
 )
@@ -54,11 +54,12 @@ func (s *memSink) events(name string) []audit.Entry {
 }
 
 type envCfg struct {
-	lap    lap.Config
-	pair   pairing.Config
-	tok    tokens.Config
-	conf   confirm.Config
-	noAnon bool
+	lap       lap.Config
+	pair      pairing.Config
+	tok       tokens.Config
+	conf      confirm.Config
+	noAnon    bool
+	wrapStore func(tokens.Store) tokens.Store // optional: wraps the memory token store
 }
 
 // env is a real lapd stack on a loopback httptest server.
@@ -84,6 +85,9 @@ func newEnvTB(t testing.TB, mods ...func(*envCfg)) *env {
 	al := audit.New(audit.Config{Sinks: []audit.Sink{e.sink}})
 	e.sink.log = al
 	c.tok.Store = tokens.NewMemoryStore()
+	if c.wrapStore != nil {
+		c.tok.Store = c.wrapStore(c.tok.Store)
+	}
 	tm, err := tokens.NewManager(c.tok)
 	if err != nil {
 		t.Fatal(err)
@@ -199,9 +203,9 @@ func (e *env) mint() (string, string) {
 	return m["token"].(string), m["tid"].(string)
 }
 
-func (e *env) dial(token string, opts ...faketab.Option) *faketab.Tab {
+func (e *env) dial(token string, opts ...lapdtest.Option) *lapdtest.Tab {
 	e.t.Helper()
-	tab, err := faketab.Dial(ctxT(e.t), e.srv.URL+"/agent/ws", token, opts...)
+	tab, err := lapdtest.Dial(ctxT(e.t), e.srv.URL+"/agent/ws", token, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -210,7 +214,7 @@ func (e *env) dial(token string, opts ...faketab.Option) *faketab.Tab {
 }
 
 // paired mints and connects a tab.
-func (e *env) paired(opts ...faketab.Option) (token, tid string, tab *faketab.Tab) {
+func (e *env) paired(opts ...lapdtest.Option) (token, tid string, tab *lapdtest.Tab) {
 	e.t.Helper()
 	token, tid = e.mint()
 	return token, tid, e.dial(token, opts...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -40,6 +41,15 @@ type writer interface {
 }
 
 func (s *Server) serveLAP(w http.ResponseWriter, r *http.Request, route string, h lapHandler) {
+	if r.Method != http.MethodPost {
+		// The reference answers GET with a null body; every LAP client
+		// (its bridge included) POSTs.
+		e := errf(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "LAP routes take POST with a JSON body")
+		w.Header().Set("Allow", http.MethodPost)
+		s.auditRefusal(r, "", s.cfg.BasePath+route, e)
+		writeError(w, e)
+		return
+	}
 	if !s.enter() {
 		writeError(w, errShuttingDown)
 		return
@@ -71,18 +81,17 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		return nil, errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
 	}
 	// 2. bearer
-	auth := c.r.Header.Get("Authorization")
-	token, ok := strings.CutPrefix(auth, "Bearer ")
-	if !ok || token == "" {
+	token, ok := BearerToken(c.r.Header.Get("Authorization"))
+	if !ok {
 		return nil, errf(http.StatusUnauthorized, CodeAuthFailed, "missing bearer token")
 	}
 	rec, err := s.cfg.Tokens.Verify(c.ctx, token)
 	switch {
 	case errors.Is(err, tokens.ErrRevoked):
 		c.tid = rec.TID
-		return nil, errf(http.StatusForbidden, CodeRevoked, "")
+		return nil, errf(http.StatusForbidden, CodeRevoked, detailRevoked)
 	case errors.Is(err, tokens.ErrMalformed), errors.Is(err, tokens.ErrUnknown), errors.Is(err, tokens.ErrExpired), errors.Is(err, tokens.ErrNotFound):
-		return nil, errf(http.StatusUnauthorized, CodeAuthFailed, "")
+		return nil, &apiError{status: http.StatusUnauthorized, code: CodeAuthFailed, invalidToken: true}
 	case err != nil:
 		if c.ctx.Err() != nil {
 			return nil, errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled")
@@ -94,7 +103,7 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 	// 3. re-read by tid
 	rec, err = s.cfg.Tokens.Get(c.ctx, c.tid)
 	if err != nil || rec.Status == tokens.StatusRevoked {
-		return nil, errf(http.StatusForbidden, CodeRevoked, "")
+		return nil, errf(http.StatusForbidden, CodeRevoked, detailRevoked)
 	}
 	c.rec = rec
 	// 4. paired?
@@ -109,10 +118,13 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 	if c.r.Body != nil && c.r.Body != http.NoBody {
 		b, err := io.ReadAll(io.LimitReader(c.r.Body, s.cfg.MaxBody+1))
 		if err != nil {
-			return nil, errf(http.StatusBadRequest, CodeInvalid, "reading body: "+err.Error())
+			return nil, bodyReadError(err)
 		}
 		if int64(len(b)) > s.cfg.MaxBody {
 			return nil, errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+		}
+		if e := checkJSON(b); e != nil {
+			return nil, e
 		}
 		c.body = b
 	}
@@ -151,8 +163,28 @@ func (c *call) auditOutcome(event string, detail map[string]any) {
 
 var activeFrame = json.RawMessage(`{"t":"active"}`)
 
-// decode unmarshals the body into v; an absent or malformed body, or one that
-// is not a JSON object, leaves v zero (the reference reads it as null).
+// BearerToken returns the credentials of an "Authorization: Bearer <token>"
+// header value; the scheme is matched case-insensitively (RFC 7235).
+func BearerToken(h string) (string, bool) {
+	if len(h) < 7 || !strings.EqualFold(h[:7], "bearer ") {
+		return "", false
+	}
+	t := strings.TrimSpace(h[7:])
+	return t, t != ""
+}
+
+// checkJSON refuses a body that is not valid JSON (400 invalid). An empty
+// body passes: every route's fields are optional or checked by the route.
+func checkJSON(b []byte) *apiError {
+	if t := trimSpace(b); len(t) > 0 && !json.Valid(t) {
+		return errf(http.StatusBadRequest, CodeInvalid, "the body is not valid JSON; send a JSON object such as {}")
+	}
+	return nil
+}
+
+// decode unmarshals the body into v; an absent body, or a valid one that is
+// not a JSON object, leaves v zero (the reference reads it as null). Invalid
+// JSON never gets here (the gate answers 400).
 func (c *call) decode(v any) {
 	if len(c.body) == 0 {
 		return
@@ -187,15 +219,27 @@ func trimSpace(b []byte) []byte {
 	return b[i:j]
 }
 
+// Details of the refusals a model most often meets. A reference bridge shows
+// the model only code and detail (not X-LLui-Reconnect or Retry-After), so
+// each says what to do and when, in one sentence.
+const (
+	askNewLine      = `ask the user for a new connect line from the app's "Connect an AI" panel and call connect_session with it`
+	detailRevoked   = "the user revoked this session in the app; " + askNewLine + " if they want to continue"
+	detailExpired   = "the app tab did not come back within the grace window, so this session expired; " + askNewLine
+	detailGone      = "this session no longer exists; " + askNewLine
+	detailNotPaired = "the app tab is not connected (it was never opened with this token, or it is closed); retry in %d s, and if it keeps failing ask the user to open the app tab and keep it open"
+	detailResuming  = "the app tab disconnected (a reload or a network drop) and may reconnect within %d s; retry in a few seconds, and if it keeps failing ask the user to reopen the app tab"
+)
+
 // paused builds the 503 paused response from tid's record.
 func (s *Server) paused(ctx context.Context, tid string) *apiError {
 	e := &apiError{status: http.StatusServiceUnavailable, code: CodePaused}
 	rec, err := s.cfg.Tokens.Get(context.WithoutCancel(ctx), tid)
 	switch {
 	case err != nil:
-		e.reconnect = "unknown"
+		e.reconnect, e.detail = "unknown", detailGone
 	case rec.Status == tokens.StatusRevoked:
-		e.reconnect = "revoked"
+		e.reconnect, e.detail = "revoked", detailRevoked
 	case rec.Status == tokens.StatusPendingResume:
 		now := s.cfg.Tokens.Now()
 		if rec.PendingResumeUntil > now {
@@ -204,12 +248,14 @@ func (s *Server) paused(ctx context.Context, tid string) *apiError {
 			if e.retryAfterS < 1 {
 				e.retryAfterS = 1
 			}
+			e.detail = fmt.Sprintf(detailResuming, e.retryAfterS)
 		} else {
-			e.reconnect = "expired"
+			e.reconnect, e.detail = "expired", detailExpired
 		}
 	default:
 		e.reconnect = "pending"
 		e.retryAfterS = 5
+		e.detail = fmt.Sprintf(detailNotPaired, e.retryAfterS)
 	}
 	return e
 }

@@ -9,14 +9,14 @@ import (
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 	"github.com/lapd-dev/lapd/tokens"
 )
 
 func TestServerSidePolicy(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	token, _, tab := e.paired(faketab.WithPolicy(faketab.DemoPolicy()))
+	token, _, tab := e.paired(lapdtest.WithPolicy(lapdtest.DemoPolicy()))
 	tests := []struct {
 		route, body, reason string
 	}{
@@ -26,6 +26,7 @@ func TestServerSidePolicy(t *testing.T) {
 		{"/message", `{"msg":{"type":"addTodo","title":"x","extra":1}}`, "schema-error"},
 		{"/would-dispatch", `{"msg":{"type":"reset"}}`, "human-only"},
 		{"/would-dispatch", `{"msg":{"type":"nope"}}`, "invalid"},
+		{"/would-dispatch", `{"msg":{"type":"addTodo","title":""}}`, "schema-mismatch"},
 	}
 	for _, tc := range tests {
 		r := e.lapCall(token, tc.route, tc.body)
@@ -40,6 +41,39 @@ func TestServerSidePolicy(t *testing.T) {
 	if n := len(e.sink.events(audit.EventMsgBlocked)); n != len(tests) {
 		t.Errorf("msg-blocked audited %d times, want %d", n, len(tests))
 	}
+	// The /message refusals are "blocked" entries in /recent-actions, newest
+	// first, as the tab's own refusals are; a prediction refused is not an action.
+	var ra struct {
+		Entries []struct{ Kind, Variant, Intent, Detail string }
+	}
+	if err := json.Unmarshal(e.lapCall(token, "/recent-actions", `{"kind":"blocked"}`).body, &ra); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, en := range ra.Entries {
+		got = append(got, en.Variant+"|"+strings.SplitN(en.Detail, ":", 2)[0])
+	}
+	if want := "addTodo|schema-error addTodo|schema-error launchMissiles|invalid reset|human-only"; strings.Join(got, " ") != want {
+		t.Errorf("recent-actions blocked: %s, want %s", got, want)
+	}
+	if len(ra.Entries) == 4 && (ra.Entries[3].Intent != "Reset (humans only)" || !strings.Contains(ra.Entries[3].Detail, "ask them")) {
+		t.Errorf("blocked reset entry: %+v", ra.Entries[3])
+	}
+	// The tab is told, to show them in its feed (log-show is not echoed).
+	for i := 0; i < 4; i++ {
+		f, err := tab.WaitFor(ctxT(t), "log-show")
+		if err != nil || !strings.Contains(string(f.Raw), `"kind":"blocked"`) {
+			t.Fatalf("log-show %d: %s %v", i, f.Raw, err)
+		}
+	}
+	// /would-dispatch answers a schema failure in the reference runtime's
+	// shape: reason schema-mismatch, errors [{path, code, message}].
+	wd := e.lapCall(token, "/would-dispatch", `{"msg":{"type":"addTodo","title":"","extra":1}}`).body
+	if b := string(wd); !strings.Contains(b, `"reason":"schema-mismatch"`) ||
+		!strings.Contains(b, `{"path":"extra","code":"unexpected-field","message":"property is not allowed","pointer":"/extra"}`) ||
+		!strings.Contains(b, `{"path":"title","code":"validates-failed"`) {
+		t.Errorf("would-dispatch schema failure: %s", b)
+	}
 	r := e.lapCall(token, "/message", `{"msg":{"type":"addTodo","title":"milk"}}`)
 	if !strings.Contains(string(r.body), `"dispatched"`) || tab.RPCCount("send_message") != 1 {
 		t.Errorf("valid msg: %d %s", r.status, r.body)
@@ -53,7 +87,7 @@ func TestIdempotentMessage(t *testing.T) {
 	var calls sync.WaitGroup
 	calls.Add(1)
 	var once sync.Once
-	token, tid, tab := e.paired(faketab.WithHandler("send_message", func(json.RawMessage) (any, *faketab.RPCError) {
+	token, tid, tab := e.paired(lapdtest.WithHandler("send_message", func(json.RawMessage) (any, *lapdtest.RPCError) {
 		once.Do(calls.Done)
 		<-release
 		return map[string]any{"status": "dispatched", "stateDiff": []any{map[string]any{"op": "replace", "path": "/count", "value": 1}}}, nil
@@ -90,12 +124,12 @@ func TestIdempotentMessage(t *testing.T) {
 	}
 }
 
-func confirmTab(e *env) (string, *faketab.Tab) {
-	token, _, tab := e.paired(faketab.WithPolicy(faketab.DemoPolicy()))
+func confirmTab(e *env) (string, *lapdtest.Tab) {
+	token, _, tab := e.paired(lapdtest.WithPolicy(lapdtest.DemoPolicy()))
 	return token, tab
 }
 
-func pendingID(t *testing.T, tab *faketab.Tab) string {
+func pendingID(t *testing.T, tab *lapdtest.Tab) string {
 	t.Helper()
 	f, err := tab.WaitFor(ctxT(t), "rpc")
 	if err != nil {
@@ -133,6 +167,45 @@ func TestConfirmApproveInLongPoll(t *testing.T) {
 	}
 	if len(e.sink.events(audit.EventConfirmProposed)) != 1 || len(e.sink.events(audit.EventConfirmApproved)) != 1 {
 		t.Error("confirm not audited")
+	}
+}
+
+// approvalTimeoutMs (a lapd addition) separates the human's time from the
+// drain timeout: 0 answers pending-confirmation at once even with a long
+// timeoutMs, and a long one waits for the approval with a short timeoutMs.
+func TestApprovalTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, tab := confirmTab(e)
+	start := time.Now()
+	r := e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":60000,"approvalTimeoutMs":0}`)
+	if m := r.json(t); m["status"] != "pending-confirmation" || time.Since(start) > 30*time.Second {
+		t.Fatalf("approvalTimeoutMs 0: %s after %v", r.body, time.Since(start))
+	}
+	first := r.json(t)["confirmId"].(string)
+	if err := tab.Reject(ctxT(t), first); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan resp, 1)
+	go func() {
+		done <- e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":1,"approvalTimeoutMs":30000}`)
+	}()
+	var id string
+	for deadline := time.Now().Add(10 * time.Second); id == "" || id == first; time.Sleep(time.Millisecond) {
+		// the tab records the pending entry before replying; no frame to wait on
+		if ids := tab.PendingConfirms(); len(ids) == 1 {
+			id = ids[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second clearAll was never proposed")
+		}
+	}
+	waitPending(t, e, id)
+	if err := tab.Approve(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; !strings.Contains(string(r.body), `"status":"confirmed"`) {
+		t.Fatalf("approvalTimeoutMs 30000 with timeoutMs 1: %s", r.body)
 	}
 }
 
@@ -230,7 +303,7 @@ func TestConfirmSyncOnReconnect(t *testing.T) {
 	id := r.json(t)["confirmId"].(string)
 	tab.Close()
 	waitStatus(t, e, e.tids()[0], tokens.StatusPendingResume)
-	tab2 := e.dial(token, faketab.WithPolicy(faketab.DemoPolicy()))
+	tab2 := e.dial(token, lapdtest.WithPolicy(lapdtest.DemoPolicy()))
 	if _, err := tab2.WaitFor(ctxT(t), "active"); err != nil { // pushed first
 		t.Errorf("re-pair did not push active: %v", err)
 	}
@@ -248,7 +321,7 @@ func TestDrain(t *testing.T) {
 	e := newEnv(t)
 	entered := make(chan struct{})
 	release := make(chan struct{})
-	token, _, _ := e.paired(faketab.WithHandler("list_actions", func(json.RawMessage) (any, *faketab.RPCError) {
+	token, _, _ := e.paired(lapdtest.WithHandler("list_actions", func(json.RawMessage) (any, *lapdtest.RPCError) {
 		close(entered)
 		<-release
 		return map[string]any{"actions": []any{}}, nil

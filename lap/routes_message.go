@@ -23,6 +23,9 @@ type messageBody struct {
 	TimeoutMs      json.RawMessage `json:"timeoutMs"`
 	IncludeState   json.RawMessage `json:"includeState"`
 	IdempotencyKey json.RawMessage `json:"idempotencyKey"`
+	// ApprovalTimeoutMs (lapd addition) is how long an action that needs
+	// the user's approval waits for it; default timeoutMs, 0 = not at all.
+	ApprovalTimeoutMs json.RawMessage `json:"approvalTimeoutMs"`
 }
 
 // msgType returns msg.type when msg is an object with a string type.
@@ -138,6 +141,7 @@ func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
 		return nil, ae
 	}
 	if rej != nil {
+		c.recordBlocked(variant, pol, rej)
 		return rej, nil
 	}
 	wait := timeoutMs(b.TimeoutMs, 5*time.Second)
@@ -188,7 +192,7 @@ func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "recording the approval: "+err.Error())
 	}
 	c.auditOutcome(audit.EventConfirmProposed, map[string]any{"variant": variant, "confirmId": out.ConfirmID})
-	body, done := c.awaitConfirm(out.ConfirmID, variant, wait)
+	body, done := c.awaitConfirm(out.ConfirmID, variant, timeoutMs(b.ApprovalTimeoutMs, wait))
 	if !done {
 		return map[string]any{"status": "pending-confirmation", "confirmId": out.ConfirmID}, nil
 	}
@@ -241,7 +245,7 @@ func routeConfirmResult(c *call) (any, *apiError) {
 	defer cancel()
 	_, err := c.s.cfg.Confirm.Wait(ctx, c.tid, id)
 	if errors.Is(err, confirm.ErrUnknown) {
-		return nil, errf(http.StatusBadRequest, CodeInvalid, "unknown confirmId "+id+" for this session (it was never proposed, or its outcome is older than the keep window)")
+		return nil, errf(http.StatusBadRequest, CodeInvalid, "unknown confirmId "+id+" for this session (it was never proposed here, or its outcome is older than the keep window, 5 minutes by default): call observe to see the current state, and send_message again if the action is still wanted")
 	}
 	if err != nil {
 		if c.ctx.Err() != nil {
@@ -268,7 +272,7 @@ func routeWouldDispatch(c *call) (any, *apiError) {
 		return nil, ae
 	}
 	if rej != nil {
-		return rej, nil
+		return wouldDispatchRejection(rej, b.Msg), nil
 	}
 	args, _ := json.Marshal(map[string]json.RawMessage{"msg": b.Msg})
 	res, ae := c.rpc("would_dispatch", json.RawMessage(args), 0)

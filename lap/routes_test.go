@@ -1,15 +1,18 @@
 package lap_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 	"github.com/lapd-dev/lapd/tokens"
 )
 
@@ -21,7 +24,7 @@ func TestRoutesSuccess(t *testing.T) {
 		route, body string
 		want        []string // substrings of the 200 body
 	}{
-		{"/describe", "", []string{`"name":"faketab"`, `"schemaHash":"faketab-1"`, `"dispatchModel":"TEA"`}},
+		{"/describe", "", []string{`"name":"lapdtest"`, `"schemaHash":"lapdtest-1"`, `"dispatchModel":"TEA"`}},
 		{"/observe", "", []string{`"state":{`, `"actions":[`, `"description":{`, `"health":{"connected":true`, `"context":{`}},
 		{"/state", `{"path":"/count"}`, []string{`{"state":0}`}},
 		{"/state", ``, []string{`"state":{`}},
@@ -51,12 +54,13 @@ func TestRoutesSuccess(t *testing.T) {
 			}
 		}
 	}
-	// GET works on LAP routes (reference quirk)
-	if r := e.do("GET", "/agent/lap/v1/actions", token, ""); r.status != 200 {
-		t.Errorf("GET /actions: %d", r.status)
+	// GET is refused on LAP routes (the reference answers it with a null body)
+	if r := e.do("GET", "/agent/lap/v1/actions", token, ""); r.status != 405 || r.header.Get("Allow") != "POST" || r.code() != "method-not-allowed" {
+		t.Errorf("GET /actions: %d %v %s", r.status, r.header, r.body)
 	}
-	if n := len(e.sink.events(audit.EventLapCall)); n < len(tests) {
-		t.Errorf("lap-call audited %d times, want ≥ %d", n, len(tests))
+	// One entry per call: lap-call, or for /message its outcome.
+	if n := len(e.sink.events(audit.EventLapCall)) + len(e.sink.events(audit.EventMsgDispatched)); n < len(tests) {
+		t.Errorf("calls audited %d times, want ≥ %d", n, len(tests))
 	}
 }
 
@@ -70,14 +74,14 @@ func TestRoutesBadRequests(t *testing.T) {
 		{"/state", `{"path":5}`, "path must be a string"},
 		{"/query-state", `{}`, "path required"},
 		{"/message", `{"msg":{"type":1}}`, "msg.type must be a string"},
-		{"/message", `not json`, "msg.type must be a string"},
+		{"/message", `not json`, "not valid JSON"},
 		{"/message", `{"msg":{"type":"inc"},"idempotencyKey":"` + strings.Repeat("k", 201) + `"}`, "idempotencyKey"},
 		{"/narrate", `{"text":""}`, "text required"},
 		{"/narrate", `{}`, "text required"},
 		{"/query-dom", `{}`, "name required"},
 		{"/would-dispatch", `{}`, "msg"},
 		{"/confirm-result", `{}`, "confirmId required"},
-		{"/confirm-result", `{"confirmId":"nope","timeoutMs":1}`, "unknown confirmId"},
+		{"/confirm-result", `{"confirmId":"nope","timeoutMs":1}`, "unknown confirmId nope for this session (it was never proposed here, or its outcome is older than the keep window, 5 minutes by default): call observe"},
 	}
 	for _, tc := range tests {
 		r := e.lapCall(token, tc.route, tc.body)
@@ -157,8 +161,8 @@ func TestPausedHeaders(t *testing.T) {
 	if r.status != 503 || r.header.Get("X-LLui-Reconnect") != "pending" || r.header.Get("Retry-After") != "5" {
 		t.Errorf("awaiting-ws: %d %v %s", r.status, r.header, r.body)
 	}
-	if m := r.json(t)["error"].(map[string]any); m["reconnect"] != "pending" {
-		t.Errorf("body reconnect: %v", m)
+	if m := r.json(t)["error"].(map[string]any); m["reconnect"] != "pending" || !strings.Contains(m["detail"].(string), "retry in 5 s") {
+		t.Errorf("body reconnect/detail: %v", m)
 	}
 	// connected then closed: pending-resume inside grace
 	tok2, tid2, tab := e.paired()
@@ -169,7 +173,8 @@ func TestPausedHeaders(t *testing.T) {
 	waitStatus(t, e, tid2, tokens.StatusPendingResume)
 	r = e.lapCall(tok2, "/actions", "")
 	ra, _ := strconv.Atoi(r.header.Get("Retry-After"))
-	if r.status != 503 || r.header.Get("X-LLui-Reconnect") != "pending" || ra < 1 || ra > 30 {
+	if r.status != 503 || r.header.Get("X-LLui-Reconnect") != "pending" || ra < 1 || ra > 30 ||
+		!strings.Contains(string(r.body), fmt.Sprintf("may reconnect within %d s", ra)) {
 		t.Errorf("pending-resume: %d %v %s", r.status, r.header, r.body)
 	}
 
@@ -179,7 +184,8 @@ func TestPausedHeaders(t *testing.T) {
 	tab3.Close()
 	waitStatus(t, e0, tid3, tokens.StatusPendingResume)
 	r = e0.lapCall(tok3, "/actions", "")
-	if r.status != 503 || r.header.Get("X-LLui-Reconnect") != "expired" || r.header.Get("Retry-After") != "" {
+	if r.status != 503 || r.header.Get("X-LLui-Reconnect") != "expired" || r.header.Get("Retry-After") != "" ||
+		!strings.Contains(string(r.body), "new connect line") {
 		t.Errorf("expired: %d %v %s", r.status, r.header, r.body)
 	}
 }
@@ -200,13 +206,48 @@ func waitStatus(t *testing.T, e *env, tid string, want tokens.Status) {
 	}
 }
 
+// gatedStore holds the next Update after arm() until release is closed: it
+// stands for a token store slower than the memory one (SQLite), so that the
+// order "close recorded, then in-flight calls answered" is observable.
+type gatedStore struct {
+	tokens.Store
+	armed   chan struct{} // closed by arm
+	blocked chan struct{} // closed when the gated Update has started
+	release chan struct{}
+	once    sync.Once
+}
+
+func newGatedStore(s tokens.Store) *gatedStore {
+	return &gatedStore{Store: s, armed: make(chan struct{}), blocked: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (g *gatedStore) arm() { close(g.armed) }
+
+func (g *gatedStore) Update(ctx context.Context, tid string, fn func(*tokens.Record) error) (tokens.Record, error) {
+	select {
+	case <-g.armed:
+		first := false
+		g.once.Do(func() { first = true })
+		if first {
+			close(g.blocked)
+			<-g.release
+		}
+	default:
+	}
+	return g.Store.Update(ctx, tid, fn)
+}
+
 func TestTabDropsMidCall(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	var gs *gatedStore
+	e := newEnv(t, func(c *envCfg) {
+		c.tok.Grace = time.Minute
+		c.wrapStore = func(s tokens.Store) tokens.Store { gs = newGatedStore(s); return gs }
+	})
 	entered := make(chan struct{})
 	block := make(chan struct{})
 	defer close(block)
-	token, _, tab := e.paired(faketab.WithHandler("list_actions", func(json.RawMessage) (any, *faketab.RPCError) {
+	token, _, tab := e.paired(lapdtest.WithHandler("list_actions", func(json.RawMessage) (any, *lapdtest.RPCError) {
 		close(entered)
 		<-block
 		return nil, nil
@@ -214,10 +255,30 @@ func TestTabDropsMidCall(t *testing.T) {
 	done := make(chan resp, 1)
 	go func() { done <- e.lapCall(token, "/actions", "") }()
 	<-entered
+	gs.arm() // the next token write is the registry recording the close
 	tab.Kill()
+	<-gs.blocked
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(gs.release) }) }
+	defer release()
+	// While the close is being recorded the call must not be answered. No
+	// signal exists for "nothing happened", so this waits a bounded time for
+	// the answer that must not come (the old code answered at once here).
+	select {
+	case r := <-done:
+		t.Fatalf("answered before the close was recorded: %d %v %s", r.status, r.header, r.body)
+	case <-time.After(200 * time.Millisecond):
+	}
+	release()
 	r := <-done
-	if r.status != 503 || r.code() != "paused" || r.header.Get("X-LLui-Reconnect") == "" || r.header.Get("Retry-After") == "" {
+	if r.status != 503 || r.code() != "paused" || r.header.Get("X-LLui-Reconnect") != "pending" || r.header.Get("Retry-After") == "" {
 		t.Errorf("dropped mid-call: %d %v %s", r.status, r.header, r.body)
+	}
+	// The answer is computed after the close is recorded: the grace window
+	// (a minute) is left, as for a call that arrives after the drop, not the
+	// 5 s of a tab that is merely not connected.
+	if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); ra <= 50 || !strings.Contains(string(r.body), fmt.Sprintf("may reconnect within %d s", ra)) {
+		t.Errorf("dropped mid-call: Retry-After %q, want the grace left (about 60); body %s", r.header.Get("Retry-After"), r.body)
 	}
 }
 
@@ -227,9 +288,9 @@ func TestRPCTimeoutAndError(t *testing.T) {
 	block := make(chan struct{})
 	defer close(block)
 	token, _, _ := e.paired(
-		faketab.WithHandler("describe_context", func(json.RawMessage) (any, *faketab.RPCError) { <-block; return nil, nil }),
-		faketab.WithHandler("describe_visible_content", func(json.RawMessage) (any, *faketab.RPCError) {
-			return nil, &faketab.RPCError{Code: "invalid", Detail: "no DOM here"}
+		lapdtest.WithHandler("describe_context", func(json.RawMessage) (any, *lapdtest.RPCError) { <-block; return nil, nil }),
+		lapdtest.WithHandler("describe_visible_content", func(json.RawMessage) (any, *lapdtest.RPCError) {
+			return nil, &lapdtest.RPCError{Code: "invalid", Detail: "no DOM here"}
 		}),
 	)
 	if r := e.lapCall(token, "/context", ""); r.status != 504 || r.code() != "timeout" {
@@ -391,5 +452,35 @@ func TestRefusalFloodAggregated(t *testing.T) {
 	most := int64(audit.DefaultLimitBurst) + int64(time.Since(start)/time.Second) + 1
 	if single < audit.DefaultLimitBurst || single > most || total != 200 {
 		t.Errorf("%d single entries and %d refusals accounted for, want %d–%d and 200", single, total, audit.DefaultLimitBurst, most)
+	}
+}
+
+// TestWaitEndsWithAdvice: a /wait whose tab drops, or whose session is
+// revoked, answers 503 paused (lapd's documented difference from the
+// reference's 200 timeout) with a detail that tells a bridge showing only
+// code and detail what to do.
+func TestWaitEndsWithAdvice(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *envCfg) { c.tok.Grace = time.Minute })
+	for _, how := range []string{"tab drops", "revoked"} {
+		token, tid, tab := e.paired()
+		done := make(chan resp, 1)
+		go func() { done <- e.lapCall(token, "/wait", `{"path":"/count","timeoutMs":10000}`) }()
+		if _, err := tab.WaitFor(ctxT(t), "watch"); err != nil {
+			t.Fatal(err)
+		}
+		want := "retry in a few seconds"
+		if how == "revoked" {
+			if r := e.do("POST", "/agent/revoke", "", `{"tid":"`+tid+`","token":"`+token+`"}`); r.status != 200 {
+				t.Fatalf("revoke: %d %s", r.status, r.body)
+			}
+			want = "new connect line"
+		} else {
+			tab.Kill()
+		}
+		r := <-done
+		if r.status != 503 || r.code() != "paused" || !strings.Contains(string(r.body), want) {
+			t.Errorf("%s mid-wait: %d %v %s, want 503 paused saying %q", how, r.status, r.header, r.body, want)
+		}
 	}
 }

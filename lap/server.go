@@ -3,7 +3,8 @@
 // (/agent/lap/v1/observe, /message, ...), with the reference's gates, error
 // envelope and status codes, plus lapd's additions (docs/PROTOCOL.md).
 //
-// Build a Server from the other parts and mount its Handler:
+// Most programs get a Server from lapd.New, which wires every part. By hand,
+// build it from the other parts and mount its Handler:
 //
 //	srv, err := lap.New(lap.Config{Tokens: tm, Registry: reg, Confirm: cm, Audit: al})
 //	mux.Handle("/agent/", srv.Handler())
@@ -43,13 +44,15 @@ import (
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/confirm"
+	"github.com/lapd-dev/lapd/internal/clientip"
 	"github.com/lapd-dev/lapd/pairing"
 	"github.com/lapd-dev/lapd/tokens"
 )
 
 // Defaults.
 const (
-	DefaultBasePath       = "/agent/lap/v1"
+	DefaultPrefix         = "/agent"
+	DefaultBasePath       = DefaultPrefix + "/lap/v1"
 	DefaultMaxBody        = 1 << 20
 	DefaultIdempotencyTTL = 10 * time.Minute
 	// MaxTimeout caps every caller-supplied timeoutMs (/message, /wait, /confirm-result).
@@ -67,14 +70,15 @@ type Config struct {
 	Audit    *audit.Log        // nil = no audit
 	Logger   *slog.Logger      // nil = discard
 
-	BasePath string // LAP base path; default "/agent/lap/v1"
+	Prefix   string // path prefix of the meta routes and of the WebSocket URL handed out by mint; default "/agent"; "/" = the root
+	BasePath string // LAP base path; default Prefix+"/lap/v1"
 	MaxBody  int64  // LAP request body cap; default 1 MiB
 
 	LAPRate     rate.Limit // per-tid LAP calls; default 30/min
 	LAPBurst    int        // default 30
 	MintRate    rate.Limit // per uid (or client IP when anonymous) for mint and resume/claim; default 30/min
 	MintBurst   int        // default 30
-	MaxRateKeys int        // keys per limiter; default 100,000 (over it new keys get 429)
+	MaxRateKeys int        // keys per limiter; default 100,000 (over it the least recently used key is forgotten)
 
 	Identity       IdentityResolver // nil = everyone is anonymous
 	AllowAnonymous bool             // mint without an identity; default false (401 auth-required)
@@ -119,8 +123,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Tokens == nil || cfg.Registry == nil || cfg.Confirm == nil {
 		return nil, errors.New("lap: Config needs Tokens, Registry and Confirm")
 	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	cfg.Prefix = strings.TrimRight("/"+strings.Trim(cfg.Prefix, "/"), "/")
 	if cfg.BasePath == "" {
-		cfg.BasePath = DefaultBasePath
+		cfg.BasePath = cfg.Prefix + "/lap/v1"
 	}
 	cfg.BasePath = "/" + strings.Trim(cfg.BasePath, "/")
 	if cfg.PublicURL != "" {
@@ -184,9 +192,13 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Handler serves the meta routes under /agent and the LAP routes under
-// BasePath; anything else is a JSON 404.
+// Handler serves the meta routes under Prefix (/agent/mint, …) and the LAP
+// routes under BasePath; anything else is a JSON 404. It expects the full
+// request path (mount it without http.StripPrefix).
 func (s *Server) Handler() http.Handler { return s.handler }
+
+// Prefix is the meta routes' prefix in use ("/agent" by default).
+func (s *Server) Prefix() string { return s.cfg.Prefix }
 
 // BasePath is the LAP base path in use.
 func (s *Server) BasePath() string { return s.cfg.BasePath }
@@ -199,9 +211,11 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if m, ok := metaRoutes[path]; ok {
-		s.serveMeta(w, r, path, m)
-		return
+	if tail, ok := strings.CutPrefix(path, s.cfg.Prefix); ok {
+		if m, ok := metaRoutes[tail]; ok {
+			s.serveMeta(w, r, path, m)
+			return
+		}
 	}
 	writeError(w, errf(http.StatusNotFound, CodeNotFound, "no route "+path))
 }
@@ -291,7 +305,6 @@ func (s *Server) auditRefusal(r *http.Request, tid, endpoint string, e *apiError
 	if e.reconnect != "" {
 		d["reconnect"] = e.reconnect
 	}
-	ip := clientIP(r, s.cfg.TrustProxy)
-	d["client"] = ip
-	s.cfg.Audit.RecordLimited(context.WithoutCancel(r.Context()), "ip:"+ip, audit.Entry{TID: tid, Event: ev, Detail: d})
+	d["client"] = clientIP(r, s.cfg.TrustProxy)
+	s.cfg.Audit.RecordLimited(context.WithoutCancel(r.Context()), "ip:"+clientip.KeyOf(r, s.cfg.TrustProxy), audit.Entry{TID: tid, Event: ev, Detail: d})
 }

@@ -2,11 +2,13 @@ package pairing
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
 	"time"
 
+	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/internal/jsonscan"
 )
 
@@ -260,6 +262,16 @@ func (c *conn) handle(b []byte) {
 			hooks.OnLogAppend(s.tid, f.Entry, echo)
 		}
 	case "confirm-resolved":
+		if c.noApprove {
+			// This socket took over a live tab without the tab secret
+			// (whoever holds the agent token can open one): its
+			// approvals are not the human's.
+			r.refusedApprovals.Add(1)
+			r.cfg.Audit.RecordLimited(context.Background(), "tab:"+s.tid, audit.Entry{TID: s.tid, Event: audit.EventRefused,
+				Detail: map[string]any{"endpoint": wsEndpoint, "code": "approval-refused", "confirmId": f.ConfirmID,
+					"detail": "confirm-resolved from a socket that superseded a live tab without the tab secret"}})
+			return
+		}
 		if hooks.OnConfirmResolved != nil {
 			hooks.OnConfirmResolved(s.tid, ConfirmResolved{ConfirmID: f.ConfirmID, Outcome: f.Outcome, StateAfter: clone(f.StateAfter)})
 		}

@@ -10,11 +10,21 @@
 //	defer reg.Shutdown(ctx)
 //
 // The token (from ?token=, Authorization: Bearer, or a Sec-WebSocket-Protocol
-// entry "lapd.token.<token>") and the Origin are checked before the upgrade:
+// entry "lapd.token.<token>"), the tab secret of a session minted with one
+// (entry "lapd.tab.<secret>") and the Origin are checked before the upgrade:
 // a refusal is an HTTP 401/403 with the JSON error envelope, never
 // 101-then-close. A tab that gets through is registered under its tid; a newer
-// socket for the same tid supersedes the old one (closed with 4002) and
-// inherits its in-flight calls and watches. The server sends nothing until the
+// socket for the same tid supersedes the old one (closed with 4002, audited
+// "supersede") and inherits its in-flight calls and watches.
+//
+// # Which socket speaks for the human
+//
+// The agent token is in the LLM side's hands. A session minted with a tab
+// secret (lapd.js asks for one) opens only with it, so the LLM side cannot
+// open the tab's socket at all. A session minted without one (a reference
+// client) opens with the token alone, as in the reference; then a socket that
+// supersedes a live one cannot approve: its confirm-resolved frames are
+// refused (audited), since it may be the LLM side taking over the tab. The server sends nothing until the
 // tab's hello, answers hello-ack{lapVersion, minClientVersion, heartbeatMs},
 // then calls Hooks.OnPaired.
 //
@@ -134,6 +144,7 @@ type Stats struct {
 	Superseded          int64 // sockets closed because a newer one for the same tid arrived
 	HeartbeatCloses     int64 // sockets closed with 4408
 	QueueOverflowCloses int64 // sockets closed with 4008
+	RefusedApprovals    int64 // confirm-resolved frames refused (a socket that superseded a live tab without the tab secret)
 	ActiveTabs          int   // tids with a live socket now
 	ParkedTabs          int   // of those, idle ones held without a reader goroutine (Linux)
 }
@@ -174,6 +185,8 @@ type Config struct {
 	Audit          *audit.Log      // nil = no audit
 	Logger         *slog.Logger    // nil = discard
 	AllowedOrigins []string        // exact Origin values allowed besides same-origin
+	TrustProxy     int             // > 0: same-origin is judged from X-Forwarded-Proto/-Host (set by trusted proxies only)
+	PublicURL      string          // the public origin (https://app.example.com), always allowed
 	PingInterval   time.Duration   // default 15s; a tab that misses two pongs is closed
 	RPCTimeout     time.Duration   // default 15s (Call with timeout 0)
 	SendQueue      int             // frames queued per tab; default 256; full → tab closed
@@ -207,6 +220,7 @@ type Registry struct {
 
 	malformed, unknown, unknownReplies, refused atomic.Int64
 	superseded, hbCloses, overflowCloses        atomic.Int64
+	refusedApprovals                            atomic.Int64
 }
 
 // session is everything lapd keeps per tid: the live socket (if any), the
@@ -302,6 +316,7 @@ func (r *Registry) Stats() Stats {
 		Superseded:          r.superseded.Load(),
 		HeartbeatCloses:     r.hbCloses.Load(),
 		QueueOverflowCloses: r.overflowCloses.Load(),
+		RefusedApprovals:    r.refusedApprovals.Load(),
 		ActiveTabs:          active,
 		ParkedTabs:          r.park.count(),
 	}
@@ -432,13 +447,31 @@ func (s *session) retire(m *map[string]chan callResult, id string, res callResul
 
 // failAll retires every call and watch with err. Caller holds s.mu.
 func (s *session) failAllLocked(err error) {
+	s.takeAllLocked().fail(err)
+}
+
+// pending is a set of retired waiters still to be told their outcome.
+type pending []chan callResult
+
+// takeAllLocked retires every call and watch (nobody else can answer them
+// any more) and returns their channels. Caller holds s.mu.
+func (s *session) takeAllLocked() pending {
+	var out pending
 	for id, ch := range s.calls {
-		ch <- callResult{err: err}
+		out = append(out, ch)
 		delete(s.calls, id)
 	}
 	for id, ch := range s.watches {
-		ch <- callResult{err: err}
+		out = append(out, ch)
 		delete(s.watches, id)
+	}
+	return out
+}
+
+// fail tells every waiter err. Each channel has room for one result.
+func (p pending) fail(err error) {
+	for _, ch := range p {
+		ch <- callResult{err: err}
 	}
 }
 
@@ -626,6 +659,30 @@ func (r *Registry) RecentLog(tid string, n int, kind string) []json.RawMessage {
 		out = append(out, e)
 	}
 	return out
+}
+
+// AppendLog puts an entry the server made itself (for example a dispatch
+// lapd refused before it reached the tab) in tid's recent-actions ring, as a
+// log-append from the tab would be, but without calling Hooks.OnLogAppend
+// (the caller audits what it did). Entries over MaxLogEntry are not kept.
+// ErrPaused if the registry holds nothing for tid.
+func (r *Registry) AppendLog(tid string, entry json.RawMessage) error {
+	r.mu.Lock()
+	s := r.sessions[tid]
+	r.mu.Unlock()
+	if s == nil {
+		return ErrPaused
+	}
+	if len(entry) > MaxLogEntry {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dropped {
+		return ErrPaused
+	}
+	s.appendLogLocked(entry, r.cfg.LogRing)
+	return nil
 }
 
 // appendLog puts e in the ring.

@@ -400,15 +400,33 @@ func TestLogRing(t *testing.T) {
 			t.Errorf("RecentLog(%d, %q) = %s, want %s", tc.n, tc.kind, got, tc.want)
 		}
 	}
+	// An entry the server made goes in the same ring, without the hook.
+	if err := e.reg.AppendLog(tid, json.RawMessage(`{"id":"s","kind":"blocked"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(e.reg.RecentLog(tid, 10, "blocked")); got != "s,3" {
+		t.Fatalf("after AppendLog: %s", got)
+	}
+	select {
+	case <-e.logs:
+		t.Fatal("AppendLog called OnLogAppend")
+	default:
+	}
+	if err := e.reg.AppendLog("no-such-tid", json.RawMessage(`{}`)); !errors.Is(err, ErrPaused) {
+		t.Fatalf("AppendLog for an unknown tid: %v", err)
+	}
 	// Kept after close (Retention), dropped by Unregister.
 	tb.ws.Close(websocket.StatusNormalClosure, "")
 	recv(t, e.closed)
-	if got := ids(e.reg.RecentLog(tid, 10, "")); got != "4,3,2" {
+	if got := ids(e.reg.RecentLog(tid, 10, "")); got != "s,4,3" {
 		t.Fatalf("after close: %s", got)
 	}
 	e.reg.Unregister(tid)
 	if got := e.reg.RecentLog(tid, 10, ""); len(got) != 0 {
 		t.Fatalf("after Unregister: %s", got)
+	}
+	if err := e.reg.AppendLog(tid, json.RawMessage(`{}`)); !errors.Is(err, ErrPaused) {
+		t.Fatalf("AppendLog after Unregister: %v", err)
 	}
 }
 

@@ -27,6 +27,8 @@ import (
 const (
 	Subprotocol         = "lapd.v2"
 	TokenProtocolPrefix = "lapd.token."
+	// TabProtocolPrefix carries the tab secret: "lapd.tab.<secret>".
+	TabProtocolPrefix = "lapd.tab."
 )
 
 const wsEndpoint = "/agent/ws"
@@ -39,6 +41,10 @@ type conn struct {
 	ws     *websocket.Conn
 	nc     net.Conn // the hijacked connection, to bound a close handshake
 	repair bool
+	// tab: the socket proved the session's tab secret. noApprove: it did
+	// not, and it superseded a live socket; its confirm-resolved frames are
+	// refused.
+	tab, noApprove bool
 
 	mu       sync.Mutex
 	q        [][]byte
@@ -122,6 +128,9 @@ func (r *Registry) refuse(w http.ResponseWriter, req *http.Request, status int, 
 	if status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "5")
 	}
+	if status == http.StatusUnauthorized { // RFC 7235 §3.1, RFC 6750 §3
+		w.Header().Set("WWW-Authenticate", `Bearer realm="lapd"`)
+	}
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": body})
 	// Within the client's audit budget: a flood of refused upgrades becomes
@@ -140,7 +149,9 @@ func remoteHost(req *http.Request) string {
 }
 
 // originAllowed is the CSWSH defence: no Origin (not a browser), an
-// allowlisted Origin, or the request's own origin.
+// allowlisted Origin, the PublicURL, or the request's own origin. The own
+// origin is built from X-Forwarded-Proto/-Host only behind a trusted proxy
+// (TrustProxy > 0): a direct client could write anything there.
 func (r *Registry) originAllowed(req *http.Request) bool {
 	origin := req.Header.Get("Origin")
 	if origin == "" {
@@ -151,16 +162,21 @@ func (r *Registry) originAllowed(req *http.Request) bool {
 			return true
 		}
 	}
+	if r.cfg.PublicURL != "" && strings.EqualFold(origin, strings.TrimRight(r.cfg.PublicURL, "/")) {
+		return true
+	}
 	scheme := "http"
 	if req.TLS != nil {
 		scheme = "https"
 	}
-	if p := firstValue(req.Header.Get("X-Forwarded-Proto")); p != "" {
-		scheme = p
-	}
 	host := req.Host
-	if h := firstValue(req.Header.Get("X-Forwarded-Host")); h != "" {
-		host = h
+	if r.cfg.TrustProxy > 0 {
+		if p := firstValue(req.Header.Get("X-Forwarded-Proto")); p == "http" || p == "https" {
+			scheme = p
+		}
+		if h := firstValue(req.Header.Get("X-Forwarded-Host")); h != "" {
+			host = h
+		}
 	}
 	return strings.EqualFold(origin, scheme+"://"+host)
 }
@@ -179,9 +195,15 @@ func bearer(req *http.Request) string {
 	if a := req.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
 		return strings.TrimSpace(a[7:])
 	}
+	return protocolValue(req, TokenProtocolPrefix)
+}
+
+// protocolValue is the value of the first Sec-WebSocket-Protocol entry
+// "<prefix><value>", or "".
+func protocolValue(req *http.Request, prefix string) string {
 	for _, h := range req.Header.Values("Sec-WebSocket-Protocol") {
 		for _, p := range strings.Split(h, ",") {
-			if t, ok := strings.CutPrefix(strings.TrimSpace(p), TokenProtocolPrefix); ok && t != "" {
+			if t, ok := strings.CutPrefix(strings.TrimSpace(p), prefix); ok && t != "" {
 				return t
 			}
 		}
@@ -239,8 +261,12 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	// The token is checked, and nothing is changed, before the upgrade: an
 	// upgrade that fails leaves the session as it was.
-	rec, err := r.cfg.Tokens.CheckAccept(req.Context(), token)
+	tabSecret := protocolValue(req, TabProtocolPrefix)
+	rec, err := r.cfg.Tokens.CheckAcceptTab(req.Context(), token, tabSecret)
 	switch {
+	case errors.Is(err, tokens.ErrTabSecret):
+		r.refuse(w, req, http.StatusUnauthorized, "auth-failed", "this session's socket opens with its tab secret (sub-protocol lapd.tab.<secret>), which only the tab that minted it holds", rec.TID)
+		return
 	case errors.Is(err, tokens.ErrRevoked):
 		r.refuse(w, req, http.StatusForbidden, "revoked", "token revoked", rec.TID)
 		return
@@ -258,7 +284,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	c := &conn{r: r, s: s}
+	c := &conn{r: r, s: s, tab: rec.TabHash != ""}
 	hr := &hijackRecorder{ResponseWriter: w}
 	ws, err := websocket.Accept(hr, req, &websocket.AcceptOptions{
 		Subprotocols: []string{Subprotocol},
@@ -279,7 +305,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	c.fd = connFD(hr.nc)
 	c.since = time.Now().UnixMilli()
 	c.lastBeat.Store(c.since)
-	repair, code, err := r.connect(s, c, rec.TokenHash)
+	repair, old, code, err := r.connect(s, c, rec.TokenHash, tabSecret)
 	if err != nil {
 		if code == CloseRestart {
 			r.refused.Add(1)
@@ -293,6 +319,10 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	c.repair = repair
+	if old != nil {
+		r.cfg.Audit.Record(context.Background(), audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventSupersede,
+			Detail: map[string]any{"tabSecret": c.tab, "approvals": !c.noApprove}})
+	}
 	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventClaim,
 		Detail: map[string]any{"transport": "ws", "repair": repair}})
 	// The socket is served by a goroutine of its own, and this handler
@@ -368,7 +398,7 @@ func (r *Registry) unreserve(s *session) {
 // registers c as s's socket, superseding an older one, as one step with
 // respect to the session's other state changes. On error c must be closed
 // with code.
-func (r *Registry) connect(s *session, c *conn, tokenHash string) (repair bool, code int, err error) {
+func (r *Registry) connect(s *session, c *conn, tokenHash, tabSecret string) (repair bool, old *conn, code int, err error) {
 	if r.testHookConnect != nil {
 		r.testHookConnect(s.tid)
 	}
@@ -379,22 +409,23 @@ func (r *Registry) connect(s *session, c *conn, tokenHash string) (repair bool, 
 	if s.pending == 0 {
 		s.disconnectDue = false
 	}
-	_, repair, err = r.cfg.Tokens.Connected(context.Background(), s.tid, tokenHash)
+	_, repair, err = r.cfg.Tokens.Connected(context.Background(), s.tid, tokenHash, tabSecret)
 	if err != nil {
 		if due && s.socket() == nil {
 			r.markDisconnected(s.tid)
 		}
 		code := int(websocket.StatusInternalError) // the store failed: the tab may retry
-		if errors.Is(err, tokens.ErrRevoked) || errors.Is(err, tokens.ErrExpired) || errors.Is(err, tokens.ErrUnknown) {
+		if errors.Is(err, tokens.ErrRevoked) || errors.Is(err, tokens.ErrExpired) || errors.Is(err, tokens.ErrUnknown) || errors.Is(err, tokens.ErrTabSecret) {
 			code = CloseRevoked
 		}
-		return false, code, err
+		return false, nil, code, err
 	}
-	if !r.register(s, c) { // Shutdown began meanwhile
+	old, ok := r.register(s, c)
+	if !ok { // Shutdown began meanwhile
 		r.markDisconnected(s.tid)
-		return false, CloseRestart, ErrClosed
+		return false, nil, CloseRestart, ErrClosed
 	}
-	return repair, 0, nil
+	return repair, old, 0, nil
 }
 
 // closeText is the close reason sent with a code from connect.
@@ -408,17 +439,19 @@ func closeText(code int) string {
 	return "token store unavailable"
 }
 
-// register makes c the tid's socket; an older one is superseded.
-func (r *Registry) register(s *session, c *conn) bool {
+// register makes c s's socket; an older live one is superseded (and
+// returned). A socket without the tab secret that supersedes a live one may
+// not approve. false when Shutdown began or s was dropped meanwhile.
+func (r *Registry) register(s *session, c *conn) (*conn, bool) {
 	now := time.Now().UnixMilli()
 	r.mu.Lock()
 	if r.shutting {
 		r.mu.Unlock()
-		return false
+		return nil, false
 	}
 	if r.sessions[s.tid] != s { // dropped (revoked) during the upgrade
 		r.mu.Unlock()
-		return false
+		return nil, false
 	}
 	if s.closedElem != nil {
 		r.closed.Remove(s.closedElem)
@@ -438,10 +471,15 @@ func (r *Registry) register(s *session, c *conn) bool {
 	}
 	r.mu.Unlock()
 	if old != nil {
+		old.mu.Lock()
+		live := !old.closing && !old.gone
+		old.mu.Unlock()
+		// Set before c's reader starts, which is the only one to read it.
+		c.noApprove = live && !c.tab
 		r.superseded.Add(1)
 		old.close(CloseSuperseded, "superseded")
 	}
-	return true
+	return old, true
 }
 
 // connGone runs on the reader goroutine when c's socket has ended.
@@ -457,9 +495,10 @@ func (r *Registry) connGone(c *conn, readErr error) {
 	s := c.s
 	s.mu.Lock()
 	mine := s.cur == c
+	var orphans pending
 	if mine {
 		s.cur = nil
-		s.failAllLocked(ErrPaused)
+		orphans = s.takeAllLocked()
 	}
 	s.mu.Unlock()
 	if mine && !s.dropped && r.sessions[s.tid] == s {
@@ -469,7 +508,12 @@ func (r *Registry) connGone(c *conn, readErr error) {
 	}
 	r.mu.Unlock()
 	if mine {
+		// Record the close (token → pending-resume with its grace) before
+		// the calls that were in flight on this socket fail, so that their
+		// 503 paused carries the grace left, as a call made after the drop
+		// would, not the 5 s of a tab that never connected.
 		r.afterClose(s, closeReason(code, readErr))
+		orphans.fail(ErrPaused)
 	}
 }
 

@@ -53,6 +53,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -99,8 +100,23 @@ type Annotations struct {
 // FieldError is one failing path of a payload.
 type FieldError struct {
 	Path    string `json:"path"` // JSON Pointer into the msg, e.g. "/title"
+	Code    string `json:"code"` // the reference's validation code (see the Code… constants)
 	Message string `json:"message"`
 }
+
+// Validation codes of a FieldError: the reference runtime's names, so that a
+// client written for it reads lapd's errors the same way. JSON Schema
+// keywords that the reference has no name for (minLength, pattern, minimum,
+// …) are CodeValidatesFailed, the reference's "a check on the value failed".
+const (
+	CodeMissing         = "missing"          // required
+	CodeUnexpectedField = "unexpected-field" // additionalProperties
+	CodeWrongType       = "wrong-type"       // type (not an array or an object: below)
+	CodeNotArray        = "not-array"        // type, where an array was wanted
+	CodeNotObject       = "not-object"       // type, where an object was wanted
+	CodeNotInEnum       = "not-in-enum"      // enum, const
+	CodeValidatesFailed = "validates-failed" // any other keyword
+)
 
 // Rejection is the /message (and would-dispatch) body for a refused msg:
 // {status:'rejected', reason, detail, errors?}.
@@ -306,11 +322,11 @@ func (p *Policy) unknownDetail(name string) string {
 // property.
 func fieldErrors(ve *jsonschema.ValidationError) []FieldError {
 	var out []FieldError
-	add := func(path, msg string) bool {
+	add := func(path, code, msg string) bool {
 		if len(out) >= maxFieldErrors {
 			return false
 		}
-		out = append(out, FieldError{Path: path, Message: truncate(msg, maxMessageLen)})
+		out = append(out, FieldError{Path: path, Code: code, Message: truncate(msg, maxMessageLen)})
 		return true
 	}
 	var walk func(e *jsonschema.ValidationError) bool
@@ -327,26 +343,46 @@ func fieldErrors(ve *jsonschema.ValidationError) []FieldError {
 		switch k := e.ErrorKind.(type) {
 		case *kind.Required:
 			for _, name := range k.Missing {
-				if !add(path+"/"+escape(name), "required property is missing") {
+				if !add(path+"/"+escape(name), CodeMissing, "required property is missing") {
 					return false
 				}
 			}
 			return true
 		case *kind.AdditionalProperties:
 			for _, name := range k.Properties {
-				if !add(path+"/"+escape(name), "property is not allowed") {
+				if !add(path+"/"+escape(name), CodeUnexpectedField, "property is not allowed") {
 					return false
 				}
 			}
 			return true
 		}
-		return add(path, e.ErrorKind.LocalizedString(printer))
+		return add(path, codeOf(e.ErrorKind), e.ErrorKind.LocalizedString(printer))
 	}
 	walk(ve)
 	if len(out) == 0 {
-		add("", ve.Error())
+		add("", CodeValidatesFailed, ve.Error())
 	}
+	// The validator's causes come in no fixed order (they are collected
+	// from maps); sort by path so the same msg always reads the same.
+	slices.SortStableFunc(out, func(a, b FieldError) int { return strings.Compare(a.Path, b.Path) })
 	return out
+}
+
+// codeOf names a leaf validation error the reference's way.
+func codeOf(k jsonschema.ErrorKind) string {
+	switch k := k.(type) {
+	case *kind.Type:
+		switch {
+		case len(k.Want) == 1 && k.Want[0] == "array":
+			return CodeNotArray
+		case len(k.Want) == 1 && k.Want[0] == "object":
+			return CodeNotObject
+		}
+		return CodeWrongType
+	case *kind.Enum, *kind.Const:
+		return CodeNotInEnum
+	}
+	return CodeValidatesFailed
 }
 
 var printer = message.NewPrinter(language.English)
@@ -412,4 +448,44 @@ func (p *Policy) PayloadHint(name string) json.RawMessage {
 		return nil
 	}
 	return slices.Clone(v.hint)
+}
+
+// ReferencePath writes a FieldError's JSON Pointer the way the reference
+// runtime writes its validation paths: object keys joined with dots, array
+// indices in brackets ("/cells/0/value" → "cells[0].value"); "" stays "".
+// msg (the whole msg the pointer points into) decides which segments index
+// an array. A key holding a dot or a bracket is written ["key"].
+func ReferencePath(pointer string, msg json.RawMessage) string {
+	if pointer == "" || pointer[0] != '/' {
+		return pointer
+	}
+	var cur any
+	_ = json.Unmarshal(msg, &cur)
+	var b strings.Builder
+	for _, raw := range strings.Split(pointer[1:], "/") {
+		seg := strings.ReplaceAll(strings.ReplaceAll(raw, "~1", "/"), "~0", "~")
+		switch v := cur.(type) {
+		case []any:
+			b.WriteString("[" + seg + "]")
+			if i, err := strconv.Atoi(seg); err == nil && i >= 0 && i < len(v) {
+				cur = v[i]
+			} else {
+				cur = nil
+			}
+			continue
+		case map[string]any:
+			cur = v[seg]
+		default:
+			cur = nil
+		}
+		if strings.ContainsAny(seg, ".[]\"") || seg == "" {
+			b.WriteString("[" + strconv.Quote(seg) + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(seg)
+	}
+	return b.String()
 }

@@ -47,13 +47,13 @@ func TestCheck(t *testing.T) {
 		{"type not a string", `{"type":3}`, "invalid", "msg.type must be a string", nil},
 		{"unknown variant", `{"type":"nuke"}`, "invalid", "unknown variant: nuke (known: addTodo, clearAll, move, resetBoard, setFilter)", nil},
 		{"human-only", `{"type":"resetBoard"}`, "human-only", "resetBoard can only be done by the human in the app; ask them to do it", nil},
-		{"too short", `{"type":"addTodo","title":""}`, "schema-error", "/title: minLength", []string{"/title"}},
-		{"missing required", `{"type":"addTodo"}`, "schema-error", "/title: required property is missing", []string{"/title"}},
-		{"extra property", `{"type":"addTodo","title":"x","colour":"red"}`, "schema-error", "/colour: property is not allowed", []string{"/colour"}},
-		{"wrong type", `{"type":"addTodo","title":7}`, "schema-error", "/title: got number, want string", []string{"/title"}},
-		{"not in enum", `{"type":"setFilter","filter":"some"}`, "schema-error", "/filter:", []string{"/filter"}},
-		{"via $ref", `{"type":"move","from":-1,"to":"x"}`, "schema-error", "/from: minimum: got -1, want 0; /to: got string, want integer", []string{"/from", "/to"}},
-		{"escaped pointer", `{"type":"addTodo","title":"x","a/b~c":1}`, "schema-error", "", []string{"/a~1b~0c"}},
+		{"too short", `{"type":"addTodo","title":""}`, "schema-error", "/title: minLength", []string{"/title validates-failed"}},
+		{"missing required", `{"type":"addTodo"}`, "schema-error", "/title: required property is missing", []string{"/title missing"}},
+		{"extra property", `{"type":"addTodo","title":"x","colour":"red"}`, "schema-error", "/colour: property is not allowed", []string{"/colour unexpected-field"}},
+		{"wrong type", `{"type":"addTodo","title":7}`, "schema-error", "/title: got number, want string", []string{"/title wrong-type"}},
+		{"not in enum", `{"type":"setFilter","filter":"some"}`, "schema-error", "/filter:", []string{"/filter not-in-enum"}},
+		{"via $ref", `{"type":"move","from":-1,"to":"x"}`, "schema-error", "/from: minimum: got -1, want 0; /to: got string, want integer", []string{"/from validates-failed", "/to wrong-type"}},
+		{"escaped pointer", `{"type":"addTodo","title":"x","a/b~c":1}`, "schema-error", "", []string{"/a~1b~0c unexpected-field"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -73,7 +73,7 @@ func TestCheck(t *testing.T) {
 			}
 			var paths []string
 			for _, fe := range r.Errors {
-				paths = append(paths, fe.Path)
+				paths = append(paths, fe.Path+" "+fe.Code)
 				if fe.Message == "" {
 					t.Errorf("empty message for %s", fe.Path)
 				}
@@ -89,7 +89,7 @@ func TestCheckRejectionJSON(t *testing.T) {
 	t.Parallel()
 	r := mustParse(t, todoPolicy).Check(json.RawMessage(`{"type":"addTodo"}`))
 	b, _ := json.Marshal(r)
-	want := `{"status":"rejected","reason":"schema-error","detail":"/title: required property is missing","errors":[{"path":"/title","message":"required property is missing"}]}`
+	want := `{"status":"rejected","reason":"schema-error","detail":"/title: required property is missing","errors":[{"path":"/title","code":"missing","message":"required property is missing"}]}`
 	if string(b) != want {
 		t.Fatalf("rejection JSON\n got %s\nwant %s", b, want)
 	}
@@ -316,4 +316,37 @@ func FuzzCheck(f *testing.F) {
 			t.Fatalf("%d field errors", len(r.Errors))
 		}
 	})
+}
+
+func TestFieldErrorCodesForContainers(t *testing.T) {
+	t.Parallel()
+	p := mustParse(t, `{"variants":{"t":{"schema":{"type":"object","properties":{"tags":{"type":"array","items":{"type":"object","properties":{"n":{"type":"integer"}}}},"meta":{"type":"object"}}}}}}`)
+	for msg, want := range map[string]string{
+		`{"type":"t","tags":"x"}`:                 "/tags not-array",
+		`{"type":"t","meta":1}`:                   "/meta not-object",
+		`{"type":"t","tags":[{"n":1},{"n":"x"}]}`: "/tags/1/n wrong-type",
+	} {
+		r := p.Check(json.RawMessage(msg))
+		if r == nil || len(r.Errors) != 1 || r.Errors[0].Path+" "+r.Errors[0].Code != want {
+			t.Errorf("%s: %+v, want %s", msg, r, want)
+		}
+	}
+}
+
+func TestReferencePath(t *testing.T) {
+	t.Parallel()
+	msg := json.RawMessage(`{"type":"t","cells":[{"value":1}],"a.b":{"0":{"c":[[1]]}},"x/y":1}`)
+	for ptr, want := range map[string]string{
+		"":                "",
+		"/title":          "title",
+		"/cells/0/value":  "cells[0].value",
+		"/cells/7":        "cells[7]",
+		"/a.b/0/c/0/0":    `["a.b"].0.c[0][0]`,
+		"/x~1y":           "x/y",
+		"/missing/deeper": "missing.deeper",
+	} {
+		if got := ReferencePath(ptr, msg); got != want {
+			t.Errorf("ReferencePath(%q) = %q, want %q", ptr, got, want)
+		}
+	}
 }

@@ -297,9 +297,18 @@ func (c *CachedStore) Update(ctx context.Context, tid string, fn func(*Record) e
 // values kept here.
 func (c *CachedStore) ListByUID(ctx context.Context, uid string) ([]Record, error) {
 	recs, err := c.next.ListByUID(ctx, uid)
-	if err != nil {
-		return recs, err
-	}
+	return c.withSeen(recs), err
+}
+
+// ListByStatus reads through (start-up only), with the LastSeenAt values
+// kept here.
+func (c *CachedStore) ListByStatus(ctx context.Context, statuses ...Status) ([]Record, error) {
+	recs, err := c.next.ListByStatus(ctx, statuses...)
+	return c.withSeen(recs), err
+}
+
+// withSeen raises each record's LastSeenAt to the value kept here.
+func (c *CachedStore) withSeen(recs []Record) []Record {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	for i := range recs {
@@ -309,7 +318,7 @@ func (c *CachedStore) ListByUID(ctx context.Context, uid string) ([]Record, erro
 			}
 		}
 	}
-	return recs, nil
+	return recs
 }
 
 // DeleteExpired deletes in the next store and forgets the same records.

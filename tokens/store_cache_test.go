@@ -119,7 +119,7 @@ func TestCachedStoreStaleAtMostMaxAge(t *testing.T) {
 		if _, err := mb.Verify(ctx, tok); err != nil { // b caches it
 			t.Fatal(err)
 		}
-		if _, err := ma.Revoke(ctx, rec.TID, "alice"); err != nil {
+		if _, err := ma.Revoke(ctx, rec.TID, tokens.Owner{UID: "alice"}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := ma.Verify(ctx, tok); !errors.Is(err, tokens.ErrRevoked) {
@@ -137,7 +137,7 @@ func TestCachedStoreStaleAtMostMaxAge(t *testing.T) {
 		if _, err := mb.Verify(ctx, tok2); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ma.Revoke(ctx, rec2.TID, "alice"); err != nil {
+		if _, err := ma.Revoke(ctx, rec2.TID, tokens.Owner{UID: "alice"}); err != nil {
 			t.Fatal(err)
 		}
 		b.Invalidate(ctx, rec2.TID)

@@ -72,7 +72,7 @@ func (b *bench) load(ctx context.Context, p *proc, sc scenario, cn string) (Resu
 				return Result{}, err
 			}
 		}
-		t, err := dialTab(setup, m.WSURL, m.Token, b.res)
+		t, err := dialTab(setup, m.WSURL, m.Token, m.TabSecret, b.res)
 		if err != nil {
 			return Result{}, err
 		}
@@ -157,7 +157,7 @@ func (b *bench) idle(ctx context.Context, p *proc, n int) (Result, error) {
 	}()
 	if err := parallel(setup, n, 64, func(i int) error {
 		var err error
-		tabs[i], err = dialTab(setup, mints[i].WSURL, mints[i].Token, b.res)
+		tabs[i], err = dialTab(setup, mints[i].WSURL, mints[i].Token, mints[i].TabSecret, b.res)
 		return err
 	}); err != nil {
 		return Result{}, err

@@ -203,15 +203,17 @@ func (p *proc) rss() (int64, error) {
 
 // mint is POST /agent/mint.
 type mintResp struct {
-	Token  string `json:"token"`
-	TID    string `json:"tid"`
-	WSURL  string `json:"wsUrl"`
-	LapURL string `json:"lapUrl"`
+	Token     string `json:"token"`
+	TabSecret string `json:"tabSecret"`
+	TID       string `json:"tid"`
+	WSURL     string `json:"wsUrl"`
+	LapURL    string `json:"lapUrl"`
 }
 
 func mint(ctx context.Context, hc *http.Client, base string) (mintResp, error) {
 	var m mintResp
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/agent/mint", strings.NewReader("{}"))
+	// As lapd.js mints: with a tab secret, which only the tab holds.
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/agent/mint", strings.NewReader(`{"tab":true}`))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := hc.Do(req)
 	if err != nil {

@@ -33,12 +33,16 @@ type tab struct {
 	err      error
 }
 
-// dialTab pairs a tab with token on wsURL; it returns once hello-ack arrived.
-func dialTab(ctx context.Context, wsURL, token string, res *results) (*tab, error) {
+// dialTab pairs a tab with token (and the tab secret, when the mint gave
+// one) on wsURL, as lapd.js does: both as sub-protocol entries. It returns
+// once hello-ack arrived.
+func dialTab(ctx context.Context, wsURL, token, tabSecret string, res *results) (*tab, error) {
+	protocols := []string{"lapd.v2", "lapd.token." + token}
+	if tabSecret != "" {
+		protocols = append(protocols, "lapd.tab."+tabSecret)
+	}
 	ws, resp, err := websocket.Dial(ctx, wsURL, &websocket.DialOptions{
-		// lapd.js carries the token in the URL today; the sub-protocol form
-		// is equivalent for the server and keeps the token out of URLs.
-		Subprotocols:    []string{"lapd.v2", "lapd.token." + token},
+		Subprotocols:    protocols,
 		CompressionMode: websocket.CompressionDisabled,
 	})
 	if err != nil {

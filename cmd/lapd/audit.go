@@ -8,12 +8,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/lapd-dev/lapd"
 	"github.com/lapd-dev/lapd/audit"
-	"github.com/lapd-dev/lapd/internal/sqlitedb"
 )
 
 // runAudit is `lapd audit`: print and filter audit entries from the SQLite
@@ -21,11 +24,11 @@ import (
 func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) error {
 	var dataDir, file, tid, event, since, until, format string
 	var limit int
-	fs := newFlagSet("lapd audit", stderr, env)
+	fs := newFlagSet("lapd audit", stdout, env)
 	fs.String(&dataDir, "data-dir", "lapd-data", "data directory of lapd serve (reads lapd.db)")
 	fs.StringVar(&file, "file", "", "read a JSONL audit file (from --audit file:PATH) instead of the database")
 	fs.StringVar(&tid, "tid", "", "only entries of this session id")
-	fs.StringVar(&event, "event", "", "only this event (mint, claim, revoke, lap-call, msg-dispatched, msg-blocked, confirm-*, rate-limited, auth-failed, refused, …)")
+	fs.StringVar(&event, "event", "", "only these events, comma-separated; a glob such as 'confirm-*' matches several (events: "+strings.Join(audit.Events(), ", ")+")")
 	fs.StringVar(&since, "since", "", "only entries at or after this time: RFC 3339, or a duration ago such as 15m or 2h")
 	fs.StringVar(&until, "until", "", "only entries before this time (same forms as --since)")
 	fs.IntVar(&limit, "limit", 100, "at most this many (the newest); 0 = all")
@@ -37,8 +40,11 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		return err
 	}
 	now := time.Now()
-	f := audit.Filter{TID: tid, Event: event, Limit: limit}
+	f := audit.Filter{TID: tid, Limit: limit}
 	var err error
+	if f.Events, err = parseEvents(event); err != nil {
+		return err
+	}
 	if f.Since, err = parseWhen(since, now); err != nil {
 		return usageError{"--since: " + err.Error()}
 	}
@@ -68,15 +74,11 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		if _, err := os.Stat(path); err != nil {
 			return fmt.Errorf("no audit database at %s (run lapd serve with --data-dir %s, or pass --file): %w", path, dataDir, err)
 		}
-		db, err := sqlitedb.Open(path)
+		s, closer, err := lapd.OpenAudit(dataDir)
 		if err != nil {
 			return err
 		}
-		defer db.Close()
-		s, err := audit.NewSQLiteSink(db)
-		if err != nil {
-			return err
-		}
+		defer closer.Close()
 		q = s
 	}
 	entries, err := q.Query(ctx, f)
@@ -113,4 +115,50 @@ func parseWhen(s string, now time.Time) (int64, error) {
 		return ms, nil
 	}
 	return 0, fmt.Errorf("%q is not a time (use RFC 3339 like 2026-11-23T10:00:00Z, a duration ago like 15m, or Unix ms)", s)
+}
+
+// parseEvents reads --event: comma-separated event names or globs
+// (path.Match syntax: confirm-*, msg-?locked). Each must name or match at
+// least one event lapd writes; the result lists the matched names.
+func parseEvents(s string) ([]string, error) {
+	known := audit.Events()
+	var out []string
+	for _, pat := range splitList(s) {
+		n := 0
+		for _, ev := range known {
+			ok, err := path.Match(pat, ev)
+			if err != nil {
+				return nil, usageError{fmt.Sprintf("--event %q: %v", pat, err)}
+			}
+			if ok {
+				n++
+				if !slices.Contains(out, ev) {
+					out = append(out, ev)
+				}
+			}
+		}
+		if n == 0 {
+			msg := fmt.Sprintf("--event: no audit event is called %q", pat)
+			if strings.ContainsAny(pat, "*?[") {
+				msg = fmt.Sprintf("--event: %q matches no audit event", pat)
+			} else if slices.ContainsFunc(known, func(ev string) bool { return strings.HasPrefix(ev, pat+"-") }) {
+				msg += " (did you mean " + pat + "-*?)"
+			} else if sug := nearestEvent(pat, known); sug != "" {
+				msg += " (did you mean " + sug + "?)"
+			}
+			return nil, usageError{msg + "; events are: " + strings.Join(known, ", ")}
+		}
+	}
+	return out, nil
+}
+
+// nearestEvent is the known event closest to s (edit distance ≤ 3), or "".
+func nearestEvent(s string, known []string) string {
+	best, bestD := "", 4
+	for _, ev := range known {
+		if d := editDistance(s, ev); d < bestD {
+			best, bestD = ev, d
+		}
+	}
+	return best
 }

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -43,14 +45,164 @@ func TestServeFlagsRefuseBadInput(t *testing.T) {
 		{[]string{"--store", "redis"}, nil, "--store must be sqlite or memory"},
 		{[]string{"--allow-anonymous", "maybe"}, nil, "--allow-anonymous must be"},
 		{[]string{"--lap-rate", "0"}, nil, "must be positive"},
+		{[]string{"--tools", "most"}, nil, "--tools must be core or all"},
 		{nil, map[string]string{"LAPD_GRACE": "soon"}, "LAPD_GRACE"},
 		{[]string{"extra"}, nil, "unexpected argument"},
-		{[]string{"--nope"}, nil, "flag provided but not defined"},
+		{[]string{"--nope"}, nil, "unknown flag --nope"},
+		{[]string{"--port", "9000"}, nil, "unknown flag --port (did you mean --addr?)"},
+		{[]string{"--adr", "x"}, nil, "did you mean --addr?"},
+		{[]string{"--data", "x"}, nil, "did you mean --data-dir?"},
+		{[]string{"--grace", "5"}, nil, `--grace "5": not a duration: use a duration like 60s (units ms, s, m, h; did you mean 5s?)`},
+		{[]string{"--grace", "soon"}, nil, `--grace "soon": not a duration: use a duration like 60s`},
+		{[]string{"--lap-rate", "lots"}, nil, `--lap-rate "lots": not a whole number`},
+		{[]string{"--demo=maybe"}, nil, `--demo "maybe": want true or false`},
+		{[]string{"--addr"}, nil, "--addr needs a value"},
+		{[]string{"--addr", "8787"}, nil, `--addr "8787": want host:port`},
+		{nil, map[string]string{"LAPD_GRACE": "5"}, `environment LAPD_GRACE="5": not a duration: use a duration like 60s`},
+		{[]string{"--origins", "foo"}, nil, `--origins: "foo" is not an origin: it has no scheme`},
+		{[]string{"--origins", "*"}, nil, `"*" is not an origin: wildcards are not allowed`},
+		{[]string{"--origins", "a.example"}, nil, `"a.example" is not an origin: it has no scheme`},
+		{[]string{"--origins", "a.example:8080"}, nil, `"a.example:8080" is not an origin: it has no scheme`},
+		{[]string{"--origins", "http://a.example/path"}, nil, `"http://a.example/path" is not an origin: an origin has no path, query or fragment`},
+		{[]string{"--origins", "https://ok.example,ftp://a.example"}, nil, `"ftp://a.example" is not an origin: the scheme must be http or https`},
+		{[]string{"--origins", "http://*.example"}, nil, "wildcards"},
+		{[]string{"--origins", "http://a.example:99999"}, nil, "port"},
 	} {
 		_, err := parseServeFlags(tc.args, io.Discard, envMap(tc.env))
 		var ue usageError
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v %v: got %v, want a usage error containing %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+}
+
+func TestOriginsNormalised(t *testing.T) {
+	t.Parallel()
+	c, err := parseServeFlags([]string{"--origins", " HTTPS://App.Example.com:443/ ,http://localhost:3000,http://a.example:80"}, io.Discard, envMap(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "https://app.example.com,http://localhost:3000,http://a.example"; c.Origins != want {
+		t.Errorf("origins %q, want %q (as browsers send them)", c.Origins, want)
+	}
+}
+
+// TestCommandLineErrors: a bad command line prints the error and one line
+// pointing at --help (not the whole usage), and --help goes to stdout.
+func TestCommandLineErrors(t *testing.T) {
+	t.Parallel()
+	var out, errw bytes.Buffer
+	err := run(context.Background(), []string{"serve", "--port", "9000"}, nil, &out, &errw, envMap(nil))
+	var ue usageError
+	want := "unknown flag --port (did you mean --addr?)\nRun \"lapd serve --help\" to see every flag."
+	if !errors.As(err, &ue) || err.Error() != want || out.Len() != 0 || errw.Len() != 0 {
+		t.Errorf("bad flag: err %q, stdout %q, stderr %q; want only the error %q", err, out.String(), errw.String(), want)
+	}
+	for _, args := range [][]string{{"serve", "--help"}, {"serve", "-h"}, {"help", "serve"}} {
+		out.Reset()
+		errw.Reset()
+		if err := run(context.Background(), args, nil, &out, &errw, envMap(nil)); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		if !strings.Contains(out.String(), "Usage: lapd serve [flags]") || !strings.Contains(out.String(), "\n  --addr string\n") ||
+			!strings.Contains(out.String(), "\n  --grace duration\n") || !strings.Contains(out.String(), "(env LAPD_GRACE) (default 1m)") || errw.Len() != 0 {
+			t.Errorf("%v: help on stdout %q, stderr %q", args, out.String(), errw.String())
+		}
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"audit", "--help"}, nil, &out, io.Discard, envMap(nil)); err != nil || !strings.Contains(out.String(), "confirm-*") {
+		t.Errorf("audit --help: %v %q", err, out.String())
+	}
+	err = run(context.Background(), []string{"serv"}, nil, io.Discard, io.Discard, envMap(nil))
+	if !errors.As(err, &ue) || err.Error() != "unknown command \"serv\" (did you mean serve?)\nRun \"lapd help\" to see the commands." {
+		t.Errorf("unknown command: %q", err)
+	}
+}
+
+func TestListenURLs(t *testing.T) {
+	t.Parallel()
+	addrs := func() ([]net.Addr, error) {
+		var out []net.Addr
+		for _, c := range []string{"127.0.0.1/8", "192.168.1.20/24", "::1/128", "fe80::1/64", "2001:db8::5/64", "10.0.0.7/8"} {
+			ip, n, _ := net.ParseCIDR(c)
+			n.IP = ip
+			out = append(out, n)
+		}
+		return out, nil
+	}
+	for addr, want := range map[string]string{
+		"127.0.0.1:8787": "http://127.0.0.1:8787",
+		"0.0.0.0:8787":   "http://127.0.0.1:8787 http://192.168.1.20:8787 http://10.0.0.7:8787",
+		"[::]:8787":      "http://127.0.0.1:8787 http://192.168.1.20:8787 http://10.0.0.7:8787 http://[2001:db8::5]:8787",
+		"10.0.0.7:80":    "http://10.0.0.7:80",
+	} {
+		host, port, _ := net.SplitHostPort(addr)
+		p, _ := strconv.Atoi(port)
+		got := strings.Join(listenURLs(&net.TCPAddr{IP: net.ParseIP(host), Port: p}, addrs), " ")
+		if got != want {
+			t.Errorf("listenURLs(%s) = %s, want %s", addr, got, want)
+		}
+	}
+}
+
+func TestBannerSaysAnonymousMintIsOff(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want []string
+		not  []string
+	}{
+		{[]string{"--addr", "0.0.0.0:8787"}, []string{"Anonymous mint is off: lapd listens beyond loopback (0.0.0.0:8787)", "401 auth-required", "--allow-anonymous true"}, nil},
+		{[]string{"--addr", "0.0.0.0:8787", "--allow-anonymous", "true"}, nil, []string{"Anonymous mint is off"}},
+		{[]string{"--allow-anonymous", "false"}, []string{"Anonymous mint is off: --allow-anonymous is false"}, nil},
+		{[]string{}, []string{"Demo app:      http://127.0.0.1:8787/"}, []string{"Anonymous mint is off"}},
+	} {
+		c, err := parseServeFlags(tc.args, io.Discard, envMap(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := lapdConfig(c, io.Discard, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		printBanner(&b, c, a, []string{"http://127.0.0.1:8787", "http://192.168.1.20:8787"})
+		for _, w := range tc.want {
+			if !strings.Contains(b.String(), w) {
+				t.Errorf("%v: banner lacks %q:\n%s", tc.args, w, b.String())
+			}
+		}
+		for _, w := range tc.not {
+			if strings.Contains(b.String(), w) {
+				t.Errorf("%v: banner has %q:\n%s", tc.args, w, b.String())
+			}
+		}
+	}
+}
+
+func TestParseEvents(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"":                  "",
+		"mint":              "mint",
+		"confirm-*":         "confirm-proposed confirm-approved confirm-rejected confirm-expired",
+		"mint, revoke,mint": "mint revoke",
+		"msg-*,m*":          "msg-dispatched msg-blocked mint",
+	} {
+		got, err := parseEvents(in)
+		if err != nil || strings.Join(got, " ") != want {
+			t.Errorf("parseEvents(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for in, want := range map[string]string{
+		"mnit":     `no audit event is called "mnit" (did you mean mint?); events are: mint, claim`,
+		"bogus":    `no audit event is called "bogus"; events are:`,
+		"confirm":  `no audit event is called "confirm" (did you mean confirm-*?)`,
+		"zzz-*":    `"zzz-*" matches no audit event`,
+		"mint,[a-": `--event "[a-": syntax error in pattern`,
+	} {
+		if _, err := parseEvents(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("parseEvents(%q): %v, want an error containing %q", in, err, want)
 		}
 	}
 }
@@ -67,14 +219,14 @@ func TestIsLoopback(t *testing.T) {
 	}
 }
 
-func TestAppConfig(t *testing.T) {
+func TestLapdConfig(t *testing.T) {
 	t.Parallel()
 	base, err := parseServeFlags(nil, io.Discard, envMap(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := base
-	a, err := appConfig(c, io.Discard, nil)
+	a, err := lapdConfig(c, io.Discard, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,22 +234,38 @@ func TestAppConfig(t *testing.T) {
 		t.Errorf("defaults on loopback: anonymous=%v stdout=%v sqlite=%v", a.AllowAnonymous, a.AuditStdout, a.AuditSQLite)
 	}
 	c.Addr = "0.0.0.0:8787"
-	if a, _ := appConfig(c, io.Discard, nil); a.AllowAnonymous {
+	if a, _ := lapdConfig(c, io.Discard, nil); a.AllowAnonymous {
 		t.Error("auto must refuse anonymous mint when listening beyond loopback")
+	}
+	// Behind a proxy everything arrives from loopback, from anyone.
+	for _, mod := range []func(*serveConfig){
+		func(c *serveConfig) { c.TrustProxy = 1 },
+		func(c *serveConfig) { c.PublicURL = "https://app.example.com" },
+	} {
+		c = base
+		mod(&c)
+		if a, _ := lapdConfig(c, io.Discard, nil); a.AllowAnonymous {
+			t.Errorf("auto must refuse anonymous mint behind a proxy (trust-proxy %d, public-url %q)", c.TrustProxy, c.PublicURL)
+		}
+	}
+	c = base
+	c.Hosts = "lapd.internal, app.example.com"
+	if a, _ := lapdConfig(c, io.Discard, nil); len(a.Hosts) != 2 || a.Hosts[1] != "app.example.com" {
+		t.Errorf("--hosts: %v", a.Hosts)
 	}
 	c = base
 	c.Audit = "stdout,carrier-pigeon"
-	if _, err := appConfig(c, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "carrier-pigeon") {
+	if _, err := lapdConfig(c, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "carrier-pigeon") {
 		t.Errorf("unknown audit sink: %v", err)
 	}
 	c = base
 	c.IdentityCookie, c.IdentityCookieKey = "uid", "short"
-	if _, err := appConfig(c, io.Discard, nil); err == nil {
+	if _, err := lapdConfig(c, io.Discard, nil); err == nil {
 		t.Error("a short identity cookie key must be refused")
 	}
 	c = base
 	c.Store, c.Audit = "memory", "sqlite"
-	if _, err := appConfig(c, io.Discard, nil); err == nil {
+	if _, err := lapdConfig(c, io.Discard, nil); err == nil {
 		t.Error("--audit sqlite with --store memory must be refused")
 	}
 }
@@ -209,6 +377,18 @@ func TestServeThenAudit(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), `"event":"mint"`) {
 		t.Errorf("audit output lacks the mint: %q", out.String())
+	}
+	// The globs --help shows select from the database too.
+	out.Reset()
+	if err := run(context.Background(), []string{"audit", "--data-dir", dir, "--event", "m*,confirm-*", "--format", "json"}, nil, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), `"event":"mint"`) {
+		t.Errorf("--event 'm*' output lacks the mint: %q", out.String())
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"audit", "--data-dir", dir, "--event", "revoke"}, nil, &out, io.Discard); err != nil || out.Len() != 0 {
+		t.Errorf("--event revoke: %v %q", err, out.String())
 	}
 	if strings.Contains(out.String(), "agt_") || strings.Contains(stderr.String(), "agt_") {
 		t.Error("a token leaked into the audit output or the logs")

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"runtime/debug"
+	"strings"
 )
 
 // version is set with -ldflags "-X main.version=…"; otherwise the module
@@ -42,20 +44,46 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if len(args) > 0 {
 		cmd, args = args[0], args[1:]
 	}
+	var err error
 	switch cmd {
 	case "serve":
-		return runServe(ctx, args, stdout, stderr, getenv)
+		err = runServe(ctx, args, stdout, stderr, getenv)
 	case "mcp":
-		return runMCP(ctx, args, stdin, stdout, stderr, getenv)
+		err = runMCP(ctx, args, stdin, stdout, stderr, getenv)
 	case "audit":
-		return runAudit(ctx, args, stdout, stderr, getenv)
+		err = runAudit(ctx, args, stdout, stderr, getenv)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "lapd", lapdVersion())
 		return nil
 	case "help", "--help", "-h", "-help":
+		if len(args) > 0 && (args[0] == "serve" || args[0] == "mcp" || args[0] == "audit") {
+			return run(ctx, []string{args[0], "--help"}, stdin, stdout, stderr, env...)
+		}
 		fmt.Fprint(stdout, usage)
 		return nil
 	default:
-		return usageError{fmt.Sprintf("unknown command %q\n\n%s", cmd, usage)}
+		msg := fmt.Sprintf("unknown command %q", cmd)
+		if strings.HasPrefix(cmd, "-") {
+			msg = fmt.Sprintf("%q before a command (flags come after it, as in lapd serve %s)", cmd, cmd)
+		} else if s := suggestCommand(cmd); s != "" {
+			msg += " (did you mean " + s + "?)"
+		}
+		return usageError{msg + "\nRun \"lapd help\" to see the commands."}
 	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		return usageError{ue.msg + "\nRun \"lapd " + cmd + " --help\" to see every flag."}
+	}
+	return err
+}
+
+// suggestCommand names the command a mistyped one probably meant, or "".
+func suggestCommand(s string) string {
+	best, bestD := "", 3
+	for _, c := range []string{"serve", "mcp", "audit", "version", "help"} {
+		if d := editDistance(strings.ToLower(s), c); d < bestD {
+			best, bestD = c, d
+		}
+	}
+	return best
 }

@@ -15,13 +15,14 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/lapd-dev/lapd/internal/app"
+	"github.com/lapd-dev/lapd"
 	"github.com/lapd-dev/lapd/lap"
+	"github.com/lapd-dev/lapd/mcp"
 )
 
 // runServe is `lapd serve`.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) error {
-	c, err := parseServeFlags(args, stderr, env)
+	c, err := parseServeFlags(args, stdout, env)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -32,7 +33,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	if err != nil {
 		return err
 	}
-	acfg, err := appConfig(c, stdout, log)
+	lcfg, err := lapdConfig(c, stdout, log)
 	if err != nil {
 		return err
 	}
@@ -47,56 +48,125 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (choose another with --addr or LAPD_ADDR)", c.Addr, err)
 	}
-	a, err := app.New(ctx, acfg)
+	l, err := lapd.New(ctx, lcfg)
 	if err != nil {
 		ln.Close()
-		return err
-	}
-	closeExtras, err := mountExtras(a, c, log)
-	if err != nil {
-		ln.Close()
-		a.Shutdown(context.Background())
 		return err
 	}
 	hs := &http.Server{
-		Handler:           a.Mux,
+		Handler:           l.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	base := "http://" + ln.Addr().String()
-	log.Info("lapd listening on "+base, "data_dir", dataDirOrMemory(c), "anonymous_mint", acfg.AllowAnonymous,
-		"demo", c.Demo, "mcp", c.MCP)
-	if c.Demo {
-		fmt.Fprintf(stderr, "\n  Demo app:      %s/\n  MCP endpoint:  %s/agent/mcp\n  LAP base:      %s/agent/lap/v1\n\n", base, base, base)
+	urls := listenURLs(ln.Addr(), interfaceAddrs)
+	base := urls[0]
+	origins := "same origin only"
+	if len(lcfg.Origins) > 0 {
+		origins = "same origin + " + strings.Join(lcfg.Origins, ", ")
 	}
+	log.Info("lapd listening on "+base, "data_dir", dataDirOrMemory(c), "anonymous_mint", lcfg.AllowAnonymous,
+		"demo", c.Demo, "mcp", c.MCP, "origins", origins)
+	if !lcfg.AllowAnonymous && lcfg.Identity == nil {
+		log.Warn("anonymous mint is off and no identity is configured: nobody can mint a token", "fix", "--allow-anonymous true, or --identity-cookie / --jwt-cookie / --jwt-header")
+	}
+	printBanner(stderr, c, lcfg, urls)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
 	case err := <-errc:
-		a.Shutdown(context.Background())
+		l.Shutdown(context.Background())
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: refusing new calls, finishing in-flight ones", "timeout", c.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 	defer cancel()
-	// Order: the app drains LAP and closes tabs with 1012 (they reconnect to
-	// the next process) while the listener still answers in-flight requests;
-	// then the HTTP server stops.
-	errMCP := closeExtras(sctx)
-	errApp := a.Shutdown(sctx)
+	// Order: lapd closes MCP sessions, drains LAP and closes tabs with 1012
+	// (they reconnect to the next process) while the listener still answers
+	// in-flight requests; then the HTTP server stops.
+	errLapd := l.Shutdown(sctx)
 	hs.SetKeepAlivesEnabled(false)
 	errHTTP := hs.Shutdown(sctx)
 	if errors.Is(errHTTP, context.DeadlineExceeded) {
 		hs.Close()
 	}
-	if err := errors.Join(errMCP, errApp, errHTTP); err != nil {
+	if err := errors.Join(errLapd, errHTTP); err != nil {
 		log.Warn("shutdown finished with errors", "err", err)
 		return err
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// listenURLs are the http:// base URLs under which the listener at addr can
+// be reached, this machine's first. An unspecified host (0.0.0.0, ::) is
+// written as 127.0.0.1 followed by the machine's other addresses (from
+// addrs), at most 4, IPv4 first; link-local addresses are left out.
+func listenURLs(addr net.Addr, addrs func() ([]net.Addr, error)) []string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return []string{"http://" + addr.String()}
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsUnspecified() {
+		return []string{"http://" + net.JoinHostPort(host, port)}
+	}
+	urls := []string{"http://" + net.JoinHostPort("127.0.0.1", port)}
+	var v4, v6 []string
+	if as, err := addrs(); err == nil {
+		for _, a := range as {
+			n, ok := a.(*net.IPNet)
+			if !ok || n.IP.IsLoopback() || n.IP.IsLinkLocalUnicast() || n.IP.IsUnspecified() {
+				continue
+			}
+			u := "http://" + net.JoinHostPort(n.IP.String(), port)
+			if n.IP.To4() != nil {
+				v4 = append(v4, u)
+			} else if ip.To4() == nil { // IPv6 addresses only when listening on ::
+				v6 = append(v6, u)
+			}
+		}
+	}
+	others := append(v4, v6...)
+	return append(urls, others[:min(len(others), 4)]...)
+}
+
+func interfaceAddrs() ([]net.Addr, error) { return net.InterfaceAddrs() }
+
+// printBanner tells the human where lapd is and what will not work as they
+// might expect (anonymous mint off beyond loopback).
+func printBanner(w io.Writer, c serveConfig, lcfg lapd.Config, urls []string) {
+	base := urls[0]
+	if c.PublicURL != "" {
+		base = strings.TrimRight(c.PublicURL, "/")
+		urls = []string{base}
+	}
+	fmt.Fprintln(w)
+	if c.Demo {
+		fmt.Fprintf(w, "  Demo app:      %s/\n", urls[0])
+		for _, u := range urls[1:] {
+			fmt.Fprintf(w, "                 %s/  (from other machines)\n", u)
+		}
+	}
+	if c.MCP {
+		fmt.Fprintf(w, "  MCP endpoint:  %s/agent/mcp\n", base)
+	}
+	fmt.Fprintf(w, "  LAP base:      %s/agent/lap/v1\n", base)
+	if !lcfg.AllowAnonymous && lcfg.Identity == nil {
+		why := "--allow-anonymous is false"
+		switch {
+		case c.AllowAnonymous == "auto" && isLoopback(c.Addr):
+			why = "lapd is behind a proxy (--trust-proxy or --public-url),\n  where every request arrives from loopback, and --allow-anonymous is auto"
+		case c.AllowAnonymous == "auto":
+			why = "lapd listens beyond loopback (" + c.Addr + ")\n  and --allow-anonymous is auto"
+		}
+		fmt.Fprintf(w, "\n  Anonymous mint is off: %s, and no identity is configured.\n"+
+			"  \"Connect an AI\" in the app will answer 401 auth-required. To let anyone who can\n"+
+			"  reach this address connect an AI, add --allow-anonymous true; to require a\n"+
+			"  signed-in user, set --identity-cookie or --jwt-cookie/--jwt-header (lapd serve --help).\n", why)
+	}
+	fmt.Fprintln(w)
 }
 
 func dataDirOrMemory(c serveConfig) string {
@@ -106,14 +176,15 @@ func dataDirOrMemory(c serveConfig) string {
 	return c.DataDir
 }
 
-// appConfig turns flags into the composition root's config: the only place
-// where choices between implementations are made.
-func appConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (app.Config, error) {
-	acfg := app.Config{
+// lapdConfig turns flags into lapd.Config; lapd.New makes the choices
+// between implementations from it.
+func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config, error) {
+	acfg := lapd.Config{
 		DataDir:       c.DataDir,
 		Store:         c.Store,
 		Logger:        log,
 		Origins:       splitList(c.Origins),
+		Hosts:         splitList(c.Hosts),
 		TrustProxy:    c.TrustProxy,
 		PublicURL:     strings.TrimRight(c.PublicURL, "/"),
 		LAPRate:       rate.Limit(float64(c.LAPRate) / 60),
@@ -125,6 +196,10 @@ func appConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (app.Config, e
 		Grace:         c.Grace,
 		PingInterval:  c.PingInterval,
 		ConfirmExpiry: c.ConfirmExpiry,
+		DisableMCP:    !c.MCP,
+		MCPTools:      mcpTools(c.Tools),
+		Demo:          c.Demo,
+		Version:       lapdVersion(),
 	}
 	if c.Store == "memory" {
 		acfg.DataDir = ""
@@ -134,7 +209,9 @@ func appConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (app.Config, e
 	case "true":
 		acfg.AllowAnonymous = true
 	case "auto":
-		acfg.AllowAnonymous = isLoopback(c.Addr)
+		// Behind a proxy every request arrives from loopback, from anyone:
+		// loopback then says nothing about who is asking.
+		acfg.AllowAnonymous = isLoopback(c.Addr) && c.TrustProxy == 0 && c.PublicURL == ""
 	}
 	for _, s := range splitList(c.Audit) {
 		switch {
@@ -201,11 +278,19 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return nil, usageError{"--log-level must be debug, info, warn or error"}
 	}
 	opts := &slog.HandlerOptions{Level: lv}
+	// Every log line (the HTTP server's own included) has agent tokens and
+	// tab secrets cut out, wherever they stand.
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(lapd.RedactLogs(slog.NewTextHandler(w, opts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(lapd.RedactLogs(slog.NewJSONHandler(w, opts))), nil
 	}
 	return nil, usageError{"--log-format must be text or json"}
+}
+
+// mcpTools is --tools as an mcp.ToolSet (parseServeFlags checked it).
+func mcpTools(s string) mcp.ToolSet {
+	t, _ := mcp.ParseToolSet(s)
+	return t
 }

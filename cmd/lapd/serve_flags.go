@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	neturl "net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/mcp"
 )
 
 // serveConfig is everything `lapd serve` can be told.
@@ -17,6 +20,7 @@ type serveConfig struct {
 	DataDir         string
 	Store           string
 	Origins         string
+	Hosts           string
 	AllowAnonymous  string // auto | true | false
 	TrustProxy      int
 	TokenTTL        time.Duration
@@ -32,6 +36,7 @@ type serveConfig struct {
 	LogFormat       string
 	Demo            bool
 	MCP             bool
+	Tools           string
 	ShutdownTimeout time.Duration
 	Pprof           string
 
@@ -46,17 +51,20 @@ type serveConfig struct {
 	JWTClaim          string
 }
 
-func parseServeFlags(args []string, stderr io.Writer, env func(string) string) (serveConfig, error) {
+// parseServeFlags reads `lapd serve`'s flags and environment; --help is
+// written to out.
+func parseServeFlags(args []string, out io.Writer, env func(string) string) (serveConfig, error) {
 	var c serveConfig
-	fs := newFlagSet("lapd serve", stderr, env)
+	fs := newFlagSet("lapd serve", out, env)
 	fs.String(&c.Addr, "addr", "127.0.0.1:8787", "listen address")
 	fs.String(&c.PublicURL, "public-url", "", "public base URL when behind a proxy (e.g. https://app.example.com); default: from each request")
 	fs.String(&c.DataDir, "data-dir", "lapd-data", "directory for the SQLite database (tokens, pending approvals, audit)")
 	fs.String(&c.Store, "store", "sqlite", "token and approval store: sqlite (in --data-dir) or memory (lost on restart)")
-	fs.String(&c.Origins, "origins", "", "comma-separated extra origins allowed for the WebSocket, CORS on meta routes and /agent/mcp (same origin is always allowed)")
-	fs.String(&c.AllowAnonymous, "allow-anonymous", "auto", "mint tokens without an identity: auto (only when listening on loopback), true, false")
+	fs.String(&c.Origins, "origins", "", "comma-separated extra origins allowed for the WebSocket, CORS on meta routes and /agent/mcp, each scheme://host[:port] such as https://app.example.com (same origin is always allowed)")
+	fs.String(&c.Hosts, "hosts", "", "comma-separated extra Host names served on a loopback listener (loopback names and the --public-url host always are); any other Host is refused (DNS-rebinding protection)")
+	fs.String(&c.AllowAnonymous, "allow-anonymous", "auto", "mint tokens without an identity: auto (only when listening on loopback and neither --trust-proxy nor --public-url is set), true, false")
 	fs.Int(&c.TrustProxy, "trust-proxy", 0, "number of reverse proxies in front of lapd whose X-Forwarded-* headers are trusted")
-	fs.Duration(&c.TokenTTL, "token-ttl", 24*time.Hour, "hard expiry of an agent token")
+	fs.Duration(&c.TokenTTL, "token-ttl", 24*time.Hour, "hard expiry of an agent token, a `duration` like 24h")
 	fs.Duration(&c.SlidingTTL, "sliding-ttl", 0, "expire a token unused for this long (0 = off)")
 	fs.Duration(&c.Grace, "grace", 60*time.Second, "how long a disconnected tab may re-pair with the same token")
 	fs.Duration(&c.ConfirmExpiry, "confirm-expiry", 10*time.Minute, "an approval nobody answers is rejected (reason timeout) after this long")
@@ -69,6 +77,7 @@ func parseServeFlags(args []string, stderr io.Writer, env func(string) string) (
 	fs.String(&c.LogFormat, "log-format", "text", "text or json (logs go to stderr)")
 	fs.Bool(&c.Demo, "demo", true, "serve the demo app at /")
 	fs.Bool(&c.MCP, "mcp", true, "serve the MCP Streamable HTTP endpoint at /agent/mcp")
+	fs.String(&c.Tools, "tools", "core", "MCP tools listed at /agent/mcp: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
 	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.String(&c.Pprof, "pprof", "", "serve Go's profiler (net/http/pprof) on this separate address, e.g. 127.0.0.1:6060; off by default, never expose it")
 	fs.String(&c.IdentityCookie, "identity-cookie", "", "name of a signed cookie <uid>.<base64url(HMAC-SHA256(key, uid))> that names the user for mint")
@@ -99,6 +108,17 @@ func parseServeFlags(args []string, stderr io.Writer, env func(string) string) (
 	if c.LAPRate <= 0 || c.MintRate <= 0 {
 		return c, usageError{"--lap-rate and --mint-rate must be positive"}
 	}
+	if _, err := mcp.ParseToolSet(c.Tools); err != nil {
+		return c, usageError{"--" + err.Error()}
+	}
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return c, usageError{fmt.Sprintf("--addr %q: want host:port, such as 127.0.0.1:8787 or 0.0.0.0:8787", c.Addr)}
+	}
+	origins, err := parseOrigins(c.Origins)
+	if err != nil {
+		return c, err
+	}
+	c.Origins = strings.Join(origins, ",")
 	return c, nil
 }
 
@@ -149,6 +169,49 @@ func parseSize(s string) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// parseOrigins checks --origins: each entry must be an origin as a browser
+// sends it in the Origin header, scheme://host[:port] with scheme http or
+// https and nothing after the host but an optional "/". It returns them as
+// browsers write them (lower case, default port dropped), which is what the
+// exact-match checks compare against.
+func parseOrigins(list string) ([]string, error) {
+	var out []string
+	for _, o := range splitList(list) {
+		bad := func(why string) error {
+			return usageError{fmt.Sprintf("--origins: %q is not an origin: %s (want scheme://host[:port], such as https://app.example.com or http://localhost:3000)", o, why)}
+		}
+		if o == "*" || strings.Contains(o, "*") {
+			return nil, bad("wildcards are not allowed; list each origin")
+		}
+		if !strings.Contains(o, "://") {
+			return nil, bad("it has no scheme (http:// or https://)")
+		}
+		u, err := neturl.Parse(o)
+		switch {
+		case err != nil:
+			return nil, bad(strings.TrimPrefix(err.Error(), "parse "+strconv.Quote(o)+": "))
+		case u.Scheme != "http" && u.Scheme != "https":
+			return nil, bad("the scheme must be http or https")
+		case u.Host == "":
+			return nil, bad("it has no host")
+		case u.User != nil:
+			return nil, bad("an origin has no user name")
+		case u.Path != "" && u.Path != "/", u.RawQuery != "", u.Fragment != "", u.ForceQuery:
+			return nil, bad("an origin has no path, query or fragment")
+		}
+		host := strings.ToLower(u.Host)
+		if p := u.Port(); (u.Scheme == "http" && p == "80") || (u.Scheme == "https" && p == "443") {
+			host = strings.TrimSuffix(host, ":"+p)
+		} else if p != "" {
+			if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+				return nil, bad("the port must be 1 to 65535")
+			}
+		}
+		out = append(out, u.Scheme+"://"+host)
+	}
+	return out, nil
 }
 
 // splitList splits a comma-separated flag value, dropping blanks.

@@ -1,21 +1,32 @@
 // Command gotab is a headless "browser tab" written in Go: it pairs with a
 // lapd over the WebSocket using a minted token and answers LAP RPC frames for
-// a tiny counter/todo app, the way client/lapd.js does in a real page. It
-// exists so that the README's curl walk-through works without a browser:
+// a tiny counter/todo app (lapdtest.DemoApp), the way client/lapd.js does in
+// a real page. It exists so that the README's curl walk-through works
+// without a browser (the whole block is in README.md, "Walk-through with
+// curl"; e2e/readme_curl_test.go runs it):
 //
-//	TOKEN=$(curl -s -X POST http://127.0.0.1:8787/agent/mint | sed 's/.*"token":"\([^"]*\)".*/\1/')
-//	go run ./examples/gotab --token "$TOKEN" &
-//	curl -s -X POST -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8787/agent/lap/v1/observe
+//	go build -o bin/ ./cmd/lapd ./examples/gotab
+//	bin/lapd serve --audit sqlite &
+//	MINT=$(curl -sS -X POST http://127.0.0.1:8787/agent/mint)
+//	TOKEN=$(echo "$MINT" | sed 's/.*"token":"\([^"]*\)".*/\1/')
+//	bin/gotab --url http://127.0.0.1:8787 --token "$TOKEN" &
 //
 // Its actions: inc, addTodo {title}, clearAll (needs the human's approval:
 // gotab approves every request after --approve-after, or never when 0) and
 // reset (human-only: refused to the LLM).
+//
+// Like lapd.js it stays paired across server restarts: when the connection
+// drops it reconnects with the same token after 1, 2, 4, 8, 16, then 30 s,
+// keeping its state, and gives up after 5 minutes; a revoked or expired
+// session ends it. All of that is lapdtest.Keep; this file is flags.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"os/signal"
@@ -23,64 +34,79 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 )
 
 func main() {
-	base := flag.String("url", "http://127.0.0.1:8787", "lapd base URL")
-	token := flag.String("token", os.Getenv("LAPD_TOKEN"), "agent token from POST /agent/mint (env LAPD_TOKEN)")
-	approveAfter := flag.Duration("approve-after", 2*time.Second, "approve confirmation requests after this long (0 = leave them pending)")
-	flag.Parse()
-	if !strings.HasPrefix(*token, "agt_") {
-		fmt.Fprintln(os.Stderr, "gotab: --token must be an agt_… token from POST /agent/mint")
-		os.Exit(2)
-	}
-	u, err := url.Parse(*base)
-	if err != nil || u.Host == "" {
-		fmt.Fprintln(os.Stderr, "gotab: --url must be like http://127.0.0.1:8787")
-		os.Exit(2)
-	}
-	u.Scheme = map[string]string{"https": "wss"}[u.Scheme]
-	if u.Scheme == "" {
-		u.Scheme = "ws"
-	}
-	u.Path = "/agent/ws"
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	tab, err := faketab.Dial(ctx, u.String(), *token,
-		faketab.WithAppName("gotab"),
-		faketab.WithActions(faketab.DemoActions()...),
-		faketab.WithPolicy(faketab.DemoPolicy()),
-		faketab.WithState(map[string]any{"count": 0, "todos": []any{}}))
-	if err != nil {
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "gotab:", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
-	fmt.Fprintln(os.Stderr, "gotab: paired; answering LAP calls (Ctrl-C to stop)")
-	seen := map[string]bool{}
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			tab.Close()
-			return
-		case <-tab.Done():
-			fmt.Fprintln(os.Stderr, "gotab: connection closed:", tab.Err())
-			os.Exit(1)
-		case <-tick.C:
-			if *approveAfter <= 0 {
-				continue
-			}
-			for _, id := range tab.PendingConfirms() {
-				if seen[id] {
-					continue
-				}
-				seen[id] = true
-				fmt.Fprintf(os.Stderr, "gotab: approval %s requested; approving in %s\n", id, *approveAfter)
-				time.AfterFunc(*approveAfter, func() { tab.Approve(context.Background(), id) })
-			}
+}
+
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+// run is the whole command; it returns nil when ctx ends.
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("gotab", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	base := fs.String("url", "http://127.0.0.1:8787", "lapd base URL")
+	token := fs.String("token", getenv("LAPD_TOKEN"), "agent token from POST /agent/mint (env LAPD_TOKEN)")
+	tabSecret := fs.String("tab-secret", getenv("LAPD_TAB_SECRET"), "the tabSecret of a mint with body {\"tab\":true} (env LAPD_TAB_SECRET); needed for such a session, whose socket opens only with it")
+	approveAfter := fs.Duration("approve-after", 2*time.Second, "approve confirmation requests after this long (0 = leave them pending)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
 		}
+		return usageError{err.Error()}
+	}
+	if !strings.HasPrefix(*token, "agt_") {
+		return usageError{"--token must be an agt_… token from POST /agent/mint"}
+	}
+	u, err := url.Parse(*base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usageError{"--url must be like http://127.0.0.1:8787"}
+	}
+	u.Scheme = map[string]string{"http": "ws", "https": "wss"}[u.Scheme]
+	u.Path = strings.TrimRight(u.Path, "/") + "/agent/ws"
+
+	app := lapdtest.DemoApp()
+	app.Name = "gotab"
+	onTab := func(tab *lapdtest.Tab) {
+		fmt.Fprintln(stderr, "gotab: paired; answering LAP calls (Ctrl-C to stop)")
+		if *approveAfter > 0 {
+			go approve(ctx, tab, *approveAfter, stderr)
+		}
+	}
+	return lapdtest.Keep(ctx, u.String(), *token, onTab, lapdtest.WithApp(app), lapdtest.WithTabSecret(*tabSecret))
+}
+
+// approve approves each approval the tab is asked for, after d, as a
+// patient human would, until the tab goes away.
+func approve(ctx context.Context, tab *lapdtest.Tab, d time.Duration, stderr io.Writer) {
+	for {
+		id, err := tab.WaitConfirm(ctx)
+		if err != nil {
+			return
+		}
+		fmt.Fprintf(stderr, "gotab: approval %s requested; approving in %s\n", id, d)
+		go func() {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				_ = tab.Approve(ctx, id)
+			case <-tab.Done():
+			case <-ctx.Done():
+			}
+		}()
 	}
 }

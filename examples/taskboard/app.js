@@ -16,7 +16,7 @@ function initialBoard() {
     nextId: 4,
     filter: 'all',
     saving: false,
-    dirty: true,
+    dirty: false, // nothing changed since the page loaded
     savedAt: null,
     saveError: null,
   }
@@ -48,6 +48,9 @@ const id = { type: 'integer', minimum: 1, description: 'Task id (see /tasks in t
 const title = { type: 'string', minLength: 1, maxLength: 120, description: 'Short task title' }
 const column = { enum: COLUMNS, description: 'Board column' }
 const hasTasks = (s) => (s.tasks.length ? true : 'the board is empty')
+// For the panel: an action in the human's words, e.g. Rename "Buy milk" to "Buy oat milk".
+const named = (s, id) => { const t = s.tasks.find((x) => x.id === id); return t ? `"${t.title}"` : `task ${id}` }
+const plural = (n, one) => `${n} ${one}${n === 1 ? '' : 's'}`
 
 // ── actions: one table for the page and for the AI ──
 const actions = {
@@ -56,6 +59,7 @@ const actions = {
     schema: { type: 'object', required: ['title'], additionalProperties: false, properties: { title, column } },
     examples: [{ type: 'addTask', title: 'Buy milk' }, { type: 'addTask', title: 'Write tests', column: 'doing' }],
     alwaysAffordable: true,
+    summarize: ({ title, column = 'todo' }) => `Add "${title}" to ${column}`,
     handler({ title, column = 'todo' }) {
       const task = { id: state.nextId, title: title.trim(), column, done: column === 'done' }
       store.set({ tasks: [...state.tasks, task], nextId: state.nextId + 1, dirty: true })
@@ -65,24 +69,31 @@ const actions = {
     intent: 'Mark a task done or not done',
     schema: { type: 'object', required: ['id'], additionalProperties: false, properties: { id } },
     available: hasTasks,
+    summarize: ({ id }, s) => {
+      const t = s.tasks.find((x) => x.id === id)
+      return t ? `Mark "${t.title}" ${t.done ? 'not done' : 'done'}` : `Mark task ${id} done or not done`
+    },
     handler({ id }) { updateTask(id, { done: !findTask(id).done }) },
   },
   renameTask: {
     intent: 'Rename a task',
     schema: { type: 'object', required: ['id', 'title'], additionalProperties: false, properties: { id, title } },
     available: hasTasks,
+    summarize: ({ id, title }, s) => `Rename ${named(s, id)} to "${title}"`,
     handler({ id, title }) { updateTask(id, { title: title.trim() }) },
   },
   moveTask: {
     intent: 'Move a task to another column',
     schema: { type: 'object', required: ['id', 'column'], additionalProperties: false, properties: { id, column } },
     available: hasTasks,
+    summarize: ({ id, column }, s) => `Move ${named(s, id)} to ${column}`,
     handler({ id, column }) { updateTask(id, { column, done: column === 'done' ? true : findTask(id).done }) },
   },
   setFilter: {
     intent: 'Show all, only active, or only done tasks',
     schema: { type: 'object', required: ['filter'], additionalProperties: false, properties: { filter: { enum: FILTERS } } },
     alwaysAffordable: true,
+    summarize: ({ filter }) => (filter === 'all' ? 'Show all tasks' : `Show only ${filter} tasks`),
     handler({ filter }) { store.set({ filter }) },
   },
   save: {
@@ -90,6 +101,7 @@ const actions = {
     schema: { type: 'object', additionalProperties: false, properties: {} },
     available: (s) => (s.saving ? 'a save is already running' : true),
     emits: [],
+    summarize: (_, s) => `Save the board (${plural(s.tasks.length, 'task')})`,
     async handler() {
       store.set({ saving: true, saveError: null })
       try {
@@ -112,6 +124,7 @@ const actions = {
     warning: 'Deletes all tasks; the user must approve it in the app.',
     schema: { type: 'object', additionalProperties: false, properties: {} },
     available: hasTasks,
+    summarize: (_, s) => `Delete every task (${plural(s.tasks.length, 'task')})`,
     handler() { store.set({ tasks: [], dirty: true }) },
   },
   resetDemo: {
@@ -203,9 +216,9 @@ function render() {
   $('#save').textContent = s.saving ? 'Saving…' : 'Save'
   $('#clear').disabled = s.tasks.length === 0
   const st = $('#save-status')
-  st.className = s.saving ? 'saving' : s.saveError || s.dirty ? 'dirty' : ''
+  st.className = s.saving ? 'saving' : s.saveError ? 'error' : s.dirty ? 'dirty' : ''
   st.textContent = s.saving ? 'Saving…' : s.saveError ? s.saveError
-    : s.dirty ? 'Unsaved changes' : `Saved at ${new Date(s.savedAt).toLocaleTimeString()}`
+    : s.dirty ? 'Unsaved changes' : s.savedAt ? `Saved at ${new Date(s.savedAt).toLocaleTimeString()}` : 'No changes yet'
 }
 
 $('#add-form').addEventListener('submit', (e) => {

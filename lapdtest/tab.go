@@ -1,32 +1,4 @@
-// Package faketab is a fake browser tab for tests and benchmarks: it speaks
-// the tab side of the LAP v2 WebSocket protocol the way the reference browser
-// runtime (and lapd's client/lapd.js) does, over a real WebSocket.
-//
-// Dial connects with a token, sends hello, waits for hello-ack, and from then
-// on answers every rpc frame from a handler map. The defaults implement the
-// reference tools over an in-memory JSON state with a tiny demo app:
-//
-//	state   {"count":0,"todos":[]}
-//	actions inc, addTodo{title}, clearAll (requires confirm), reset (human only)
-//
-// so a test can do
-//
-//	tab, err := faketab.Dial(ctx, srv.URL+"/agent/ws", token)
-//	defer tab.Close()
-//	// ... LAP calls against the server ...
-//	f, err := tab.WaitFor(ctx, "active") // every frame the server sent is recorded
-//
-// Other knobs: WithState / WithReducer / WithActions replace the demo app,
-// WithHandler overrides one tool (handlers may block: each rpc runs in its own
-// goroutine), WithPolicy sends lapd's hello.policy, WithOrigin sets the Origin
-// header. SetState answers open watches with state-update frames; Approve and
-// Reject answer pending confirmations with confirm-resolved; Abort drops the
-// connection without a close handshake. After every rpc the tab sends a
-// log-append, and it echoes log-push entries back as log-append, as the
-// reference browser does.
-//
-// A refused dial returns a *DialError carrying the HTTP status and body.
-package faketab
+package lapdtest
 
 import (
 	"bytes"
@@ -47,6 +19,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // RPCError is what a handler returns to answer with an rpc-error frame.
@@ -65,12 +38,16 @@ type Handler func(args json.RawMessage) (result any, err *RPCError)
 // the reducer may change) and returns the new state.
 type Reducer func(state any, msg map[string]any) (any, error)
 
-// Action describes one variant of the fake app.
+// Action describes one action (variant) of the app a Tab plays.
 type Action struct {
-	Variant         string `json:"variant"`
-	Intent          string `json:"intent,omitempty"`
-	RequiresConfirm bool   `json:"requiresConfirm,omitempty"`
-	HumanOnly       bool   `json:"humanOnly,omitempty"`
+	Variant         string          `json:"variant"`
+	Intent          string          `json:"intent,omitempty"`
+	Schema          json.RawMessage `json:"schema,omitempty"` // JSON Schema of the payload (the msg without "type")
+	RequiresConfirm bool            `json:"requiresConfirm,omitempty"`
+	HumanOnly       bool            `json:"humanOnly,omitempty"`
+	// Apply returns the state after msg (state is a deep copy it may
+	// change); nil = App.Reduce (or the demo reducer).
+	Apply Reducer `json:"-"`
 }
 
 // Frame is one frame received from the server.
@@ -113,7 +90,7 @@ type DialError struct {
 }
 
 func (e *DialError) Error() string {
-	return fmt.Sprintf("faketab: dial refused: status %d %s: %v", e.Status, bytes.TrimSpace(e.Body), e.Err)
+	return fmt.Sprintf("lapdtest: dial refused: status %d %s: %v", e.Status, bytes.TrimSpace(e.Body), e.Err)
 }
 
 func (e *DialError) Unwrap() error { return e.Err }
@@ -122,17 +99,19 @@ func (e *DialError) Unwrap() error { return e.Err }
 type Option func(*config)
 
 type config struct {
-	hello       Hello
-	sendHello   bool
-	waitAck     bool
-	state       any
-	reducer     Reducer
-	actions     []Action
-	handlers    map[string]Handler
-	header      http.Header
-	logAppend   bool
-	subprotocol bool
-	readLimit   int64
+	hello      Hello
+	sendHello  bool
+	waitAck    bool
+	state      any
+	reducer    Reducer
+	actions    []Action
+	handlers   map[string]Handler
+	header     http.Header
+	logAppend  bool
+	tabSecret  string
+	queryToken bool
+	readLimit  int64
+	schemas    map[string]*jsonschema.Schema
 }
 
 // WithHello edits the hello frame before it is sent.
@@ -146,6 +125,14 @@ func WithPolicy(raw json.RawMessage) Option { return func(c *config) { c.hello.P
 
 // WithLapVersion sets hello.lapVersion (0 = omitted).
 func WithLapVersion(v int) Option { return func(c *config) { c.hello.LapVersion = v } }
+
+// WithTabSecret presents the session's tab secret (Session.TabSecret), as
+// lapd.js does: a session minted with one opens its socket only with it.
+func WithTabSecret(secret string) Option { return func(c *config) { c.tabSecret = secret } }
+
+// WithTokenInQuery sends the token as ?token= (the reference client's form)
+// instead of the Sec-WebSocket-Protocol entry lapd.js uses.
+func WithTokenInQuery() Option { return func(c *config) { c.queryToken = true } }
 
 // WithoutHello skips the hello (and the wait for hello-ack).
 func WithoutHello() Option { return func(c *config) { c.sendHello = false; c.waitAck = false } }
@@ -235,6 +222,8 @@ type Tab struct {
 	notify   chan struct{} // closed and replaced on every new frame
 	watches  map[string]string
 	pending  map[string]pendingConfirm
+	proposed []string // confirmIds in the order the tab proposed them
+	confCur  int      // WaitConfirm's cursor into proposed
 	rpcCount map[string]int
 	readErr  error
 
@@ -249,14 +238,16 @@ type pendingConfirm struct {
 	msg     map[string]any
 }
 
-// Dial connects to wsURL (ws:// or http://; the token goes in ?token=).
+// Dial connects to wsURL (ws:// or http://) as lapd.js does: the token in a
+// Sec-WebSocket-Protocol entry "lapd.token.<token>" beside "lapd.v2" (plus
+// "lapd.tab.<secret>" with WithTabSecret), never in the URL.
 func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error) {
 	c := config{
 		hello: Hello{
-			T: "hello", AppName: "faketab", AppVersion: "1.0.0",
+			T: "hello", AppName: "lapdtest", AppVersion: "1.0.0",
 			StateSchema: json.RawMessage(`{"type":"object"}`),
 			Docs:        json.RawMessage(`{"purpose":"A fake app for tests"}`),
-			SchemaHash:  "faketab-1", LapVersion: 2,
+			SchemaHash:  "lapdtest-1", LapVersion: 2,
 		},
 		sendHello: true, waitAck: true,
 		state:     map[string]any{"count": float64(0), "todos": []any{}},
@@ -279,7 +270,7 @@ func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error
 	}
 	u, err := url.Parse(wsURL)
 	if err != nil {
-		return nil, fmt.Errorf("faketab: bad url: %w", err)
+		return nil, fmt.Errorf("lapdtest: bad url: %w", err)
 	}
 	switch u.Scheme {
 	case "http":
@@ -287,12 +278,19 @@ func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error
 	case "https":
 		u.Scheme = "wss"
 	}
-	if token != "" {
+	protocols := []string{"lapd.v2"}
+	switch {
+	case token != "" && c.queryToken:
 		q := u.Query()
 		q.Set("token", token)
 		u.RawQuery = q.Encode()
+	case token != "":
+		protocols = append(protocols, "lapd.token."+token)
 	}
-	conn, resp, err := websocket.Dial(ctx, u.String(), &websocket.DialOptions{HTTPHeader: c.header})
+	if c.tabSecret != "" {
+		protocols = append(protocols, "lapd.tab."+c.tabSecret)
+	}
+	conn, resp, err := websocket.Dial(ctx, u.String(), &websocket.DialOptions{HTTPHeader: c.header, Subprotocols: protocols})
 	if err != nil {
 		de := &DialError{Err: err}
 		if resp != nil {
@@ -305,11 +303,15 @@ func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error
 		}
 		return nil, de
 	}
+	if c.schemas, err = compileSchemas(c.actions); err != nil {
+		conn.CloseNow()
+		return nil, err
+	}
 	conn.SetReadLimit(c.readLimit)
 	st, err := deepCopy(c.state)
 	if err != nil {
 		conn.CloseNow()
-		return nil, fmt.Errorf("faketab: state not JSON: %w", err)
+		return nil, fmt.Errorf("lapdtest: state not JSON: %w", err)
 	}
 	t := &Tab{
 		conn: conn, cfg: c, state: st,
@@ -325,7 +327,7 @@ func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error
 	if c.sendHello {
 		if err := t.Send(ctx, c.hello); err != nil {
 			t.Abort()
-			return nil, fmt.Errorf("faketab: send hello: %w", err)
+			return nil, fmt.Errorf("lapdtest: send hello: %w", err)
 		}
 	}
 	if c.waitAck {
@@ -334,10 +336,10 @@ func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error
 		case <-t.done:
 			err := t.Err()
 			t.Abort()
-			return nil, fmt.Errorf("faketab: closed before hello-ack: %w", err)
+			return nil, fmt.Errorf("lapdtest: closed before hello-ack: %w", err)
 		case <-ctx.Done():
 			t.Abort()
-			return nil, fmt.Errorf("faketab: waiting for hello-ack: %w", ctx.Err())
+			return nil, fmt.Errorf("lapdtest: waiting for hello-ack: %w", ctx.Err())
 		}
 	}
 	return t, nil
@@ -412,8 +414,8 @@ func (t *Tab) readLoop() {
 		if json.Unmarshal(b, &env) != nil {
 			continue
 		}
-		// watches are stored before the frame is recorded, so a test that
-		// saw the watch frame can SetState right away.
+		// watches and synced approvals are stored before the frame is
+		// recorded, so a test that saw the frame can act on it right away.
 		switch env.T {
 		case "watch", "unwatch":
 			var id string
@@ -425,6 +427,8 @@ func (t *Tab) readLoop() {
 				delete(t.watches, id)
 			}
 			t.mu.Unlock()
+		case "confirm-sync":
+			t.syncConfirms(b)
 		}
 		t.record(Frame{T: env.T, Raw: b})
 		switch env.T {
@@ -457,12 +461,78 @@ func (t *Tab) readLoop() {
 	}
 }
 
+// syncConfirms adopts the approvals lapd says are pending for this session
+// (after a reload or a reconnect), as lapd.js's syncConfirms does, so
+// PendingConfirms, WaitConfirm and Approve see them.
+func (t *Tab) syncConfirms(frame []byte) {
+	var f struct {
+		Pending []struct {
+			ConfirmID string          `json:"confirmId"`
+			Variant   string          `json:"variant"`
+			Payload   json.RawMessage `json:"payload"`
+		} `json:"pending"`
+	}
+	if json.Unmarshal(frame, &f) != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range f.Pending {
+		if p.ConfirmID == "" {
+			continue
+		}
+		if _, ok := t.pending[p.ConfirmID]; ok {
+			continue
+		}
+		msg := map[string]any{}
+		_ = json.Unmarshal(p.Payload, &msg)
+		if msg == nil {
+			msg = map[string]any{}
+		}
+		msg["type"] = p.Variant
+		t.pending[p.ConfirmID] = pendingConfirm{variant: p.Variant, msg: msg}
+		t.proposed = append(t.proposed, p.ConfirmID)
+	}
+	t.wakeLocked()
+}
+
 func (t *Tab) record(f Frame) {
 	t.mu.Lock()
 	t.frames = append(t.frames, f)
+	t.wakeLocked()
+	t.mu.Unlock()
+}
+
+// wakeLocked wakes every waiter (Next, WaitFor, WaitConfirm); t.mu held.
+func (t *Tab) wakeLocked() {
 	close(t.notify)
 	t.notify = make(chan struct{})
-	t.mu.Unlock()
+}
+
+// WaitConfirm returns the next confirmId this tab proposed (an action that
+// requires confirm was sent), waiting for one. Each proposal is returned
+// once, in order. lapd records the proposal after the tab's reply: to
+// approve at once, make sure lapd knows it first (Server.Approve does), or
+// the confirm-resolved may arrive before the proposal and be ignored.
+func (t *Tab) WaitConfirm(ctx context.Context) (string, error) {
+	for {
+		t.mu.Lock()
+		if t.confCur < len(t.proposed) {
+			id := t.proposed[t.confCur]
+			t.confCur++
+			t.mu.Unlock()
+			return id, nil
+		}
+		ch := t.notify
+		t.mu.Unlock()
+		select {
+		case <-ch:
+		case <-t.done:
+			return "", fmt.Errorf("%w: %v", ErrClosed, t.Err())
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
 }
 
 // Frames returns every frame received so far.
@@ -659,30 +729,105 @@ func (t *Tab) answer(id, tool string, args json.RawMessage) {
 		}
 	}
 	if t.cfg.logAppend {
-		entry := map[string]any{"id": id, "at": time.Now().UnixMilli(), "kind": "read", "intent": tool}
-		if rerr != nil {
-			entry["kind"] = "error"
-		}
-		if tool == "send_message" {
-			var a struct {
-				Msg map[string]any `json:"msg"`
-			}
-			_ = json.Unmarshal(args, &a)
-			entry["variant"] = a.Msg["type"]
-			if m, ok := res.(map[string]any); ok {
-				switch m["status"] {
-				case "dispatched", "confirmed":
-					entry["kind"] = "dispatched"
-					entry["stateDiff"] = m["stateDiff"]
-				case "pending-confirmation":
-					entry["kind"] = "proposed"
-				case "rejected":
-					entry["kind"] = "blocked"
-				}
-			}
-		}
-		_ = t.Send(ctx, map[string]any{"t": "log-append", "entry": entry})
+		_ = t.Send(ctx, map[string]any{"t": "log-append", "entry": t.logEntry(id, tool, args, res, rerr)})
 	}
+}
+
+// readIntents are lapd.js's activity-feed intents of the read tools.
+var readIntents = map[string]string{
+	"get_state": "Read app state", "query_state": "Query app state", "list_actions": "List actions",
+	"describe_visible_content": "Describe visible content", "describe_context": "Describe context",
+	"observe": "Observe the app",
+}
+
+// logEntry is the activity entry lapd.js sends in the log-append after an
+// rpc reply.
+func (t *Tab) logEntry(id, tool string, args json.RawMessage, res any, rerr *RPCError) map[string]any {
+	intent := readIntents[tool]
+	if intent == "" {
+		intent = tool
+	}
+	entry := map[string]any{"id": id, "at": time.Now().UnixMilli(), "kind": "read", "intent": intent}
+	var a struct {
+		Path string         `json:"path"`
+		Name string         `json:"name"`
+		Msg  map[string]any `json:"msg"`
+	}
+	_ = json.Unmarshal(args, &a)
+	variant, _ := a.Msg["type"].(string)
+	m, _ := res.(map[string]any)
+	switch tool {
+	case "query_state":
+		entry["intent"] = "Query state: " + a.Path
+	case "query_dom":
+		entry["intent"] = "Query DOM: " + a.Name
+	case "would_dispatch":
+		entry["intent"], entry["variant"] = "Predict: "+variant, variant
+	case "send_message":
+		entry["variant"], entry["detail"] = variant, msgDetail(a.Msg)
+		entry["intent"] = variant
+		if act, ok := t.action(variant); ok && act.Intent != "" {
+			entry["intent"] = act.Intent
+		}
+		switch m["status"] {
+		case "dispatched", "confirmed":
+			entry["kind"], entry["stateDiff"] = "dispatched", m["stateDiff"]
+		case "pending-confirmation":
+			entry["kind"] = "proposed"
+		case "rejected":
+			entry["kind"] = "blocked"
+			entry["detail"] = fmt.Sprintf("%v: %v", m["reason"], m["detail"])
+		}
+	}
+	if rerr != nil {
+		entry["kind"], entry["detail"] = "error", rerr.Detail
+	}
+	return entry
+}
+
+// msgDetail is lapd.js's msgDetail: the first three non-type fields as
+// k=v, each value cut at 30 characters.
+func msgDetail(msg map[string]any) string {
+	keys := make([]string, 0, len(msg))
+	for k := range msg {
+		if k != "type" {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys) // JS keeps insertion order; a decoded Go map has none
+	if len(keys) > 3 {
+		keys = keys[:3]
+	}
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		var v string
+		switch x := msg[k].(type) {
+		case nil:
+			v = "null"
+		case string:
+			b, _ := json.Marshal(x)
+			v = string(b)
+		case []any:
+			v = fmt.Sprintf("[%d]", len(x))
+		case map[string]any:
+			ks := make([]string, 0, len(x))
+			for k := range x {
+				ks = append(ks, k)
+			}
+			sort.Strings(ks)
+			if len(ks) > 3 {
+				ks = ks[:3]
+			}
+			v = "{" + strings.Join(ks, ",") + "}"
+		default:
+			v = fmt.Sprint(x)
+		}
+		if r := []rune(v); len(r) > 30 {
+			v = string(r[:30]) + "…"
+		}
+		parts = append(parts, k+"="+v)
+	}
+	return strings.Join(parts, " ")
 }
 
 func (t *Tab) action(variant string) (Action, bool) {
@@ -703,7 +848,8 @@ func (t *Tab) listActions() []map[string]any {
 		out = append(out, map[string]any{
 			"variant": a.Variant, "intent": a.Intent, "requiresConfirm": a.RequiresConfirm,
 			"dispatchMode": "shared", "source": "schema", "selectorHint": nil,
-			"payloadHint": nil, "warning": nil, "examples": []any{}, "emits": []any{}, "fieldHints": []any{},
+			"payloadHint": payloadHint(a.Variant, a.Schema), "warning": nil, "examples": []any{}, "emits": []any{},
+			"fieldHints": fieldHints(a.Schema),
 		})
 	}
 	return out
@@ -755,7 +901,7 @@ func (t *Tab) defaultHandler(tool string) Handler {
 		}
 	case "describe_visible_content":
 		return func(json.RawMessage) (any, *RPCError) {
-			return map[string]any{"url": "http://faketab.test/", "outline": []any{map[string]any{"kind": "heading", "level": 1, "text": "Fake"}}, "source": "fallback"}, nil
+			return map[string]any{"url": "http://lapdtest.test/", "outline": []any{map[string]any{"kind": "heading", "level": 1, "text": "Fake"}}, "source": "fallback"}, nil
 		}
 	case "send_message":
 		return t.sendMessage
@@ -771,17 +917,32 @@ type msgArgs struct {
 	IncludeState bool           `json:"includeState"`
 }
 
+// gate is lapd.js's gateMessage: the tab's own check before dispatching,
+// whatever the server checked already.
 func (t *Tab) gate(msg map[string]any) (Action, map[string]any) {
 	typ, ok := msg["type"].(string)
-	if !ok {
-		return Action{}, map[string]any{"status": "rejected", "reason": "invalid", "detail": "msg.type must be a string"}
+	if !ok || typ == "" {
+		return Action{}, map[string]any{"status": "rejected", "reason": "invalid", "detail": "msg.type must be a non-empty string"}
 	}
 	a, ok := t.action(typ)
 	if !ok {
 		return a, map[string]any{"status": "rejected", "reason": "invalid", "detail": "unknown variant: " + typ}
 	}
 	if a.HumanOnly {
-		return a, map[string]any{"status": "rejected", "reason": "human-only", "detail": typ + " can only be done by a human"}
+		return a, map[string]any{"status": "rejected", "reason": "human-only", "detail": fmt.Sprintf("%q can only be done by the user in the app; ask them to do it", typ)}
+	}
+	if s := t.cfg.schemas[typ]; s != nil {
+		if errs := payloadErrors(s, msg); errs != nil {
+			var parts []string
+			for _, e := range errs {
+				p, _ := e["path"].(string)
+				if p == "" {
+					p = "(payload)"
+				}
+				parts = append(parts, fmt.Sprintf("%s: %v", p, e["message"]))
+			}
+			return a, map[string]any{"status": "rejected", "reason": "invalid", "detail": strings.Join(parts, "; "), "errors": errs}
+		}
 	}
 	return a, nil
 }
@@ -799,6 +960,8 @@ func (t *Tab) sendMessage(args json.RawMessage) (any, *RPCError) {
 		id := newID()
 		t.mu.Lock()
 		t.pending[id] = pendingConfirm{variant: act.Variant, msg: a.Msg}
+		t.proposed = append(t.proposed, id)
+		t.wakeLocked()
 		t.mu.Unlock()
 		return map[string]any{"status": "pending-confirmation", "confirmId": id}, nil
 	}
@@ -839,9 +1002,10 @@ func (t *Tab) wouldDispatch(args json.RawMessage) (any, *RPCError) {
 	_ = json.Unmarshal(args, &a)
 	_, rej := t.gate(a.Msg)
 	if rej != nil {
-		if rej["reason"] == "human-only" || rej["reason"] == "invalid" {
-			return rej, nil
+		if errs, ok := rej["errors"]; ok {
+			return map[string]any{"status": "rejected", "reason": "schema-mismatch", "errors": errs}, nil
 		}
+		return rej, nil
 	}
 	t.mu.Lock()
 	old := t.state
@@ -960,4 +1124,4 @@ func newID() string {
 
 // ErrClosed is returned by Next/WaitFor once the connection is gone and every
 // recorded frame was consumed.
-var ErrClosed = errors.New("faketab: connection closed")
+var ErrClosed = errors.New("lapdtest: connection closed")

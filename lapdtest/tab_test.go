@@ -1,20 +1,19 @@
-package faketab_test
+package lapdtest_test
 
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
-	"go.uber.org/goleak"
 
-	"github.com/lapd-dev/lapd/internal/faketab"
+	"github.com/lapd-dev/lapd/lapdtest"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // server is a minimal tab-facing peer: it acks hello, then hands the
 // connection to the test.
@@ -22,7 +21,7 @@ func server(t *testing.T, conns chan<- *websocket.Conn) *httptest.Server {
 	t.Helper()
 	stop := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Query().Get("token") != "agt_ok" {
+		if !strings.Contains(r.Header.Get("Sec-WebSocket-Protocol"), "lapd.token.agt_ok") {
 			http.Error(w, `{"error":{"code":"auth-failed"}}`, http.StatusUnauthorized)
 			return
 		}
@@ -34,7 +33,7 @@ func server(t *testing.T, conns chan<- *websocket.Conn) *httptest.Server {
 		if err != nil {
 			return
 		}
-		var h faketab.Hello
+		var h lapdtest.Hello
 		if json.Unmarshal(b, &h) != nil || h.T != "hello" {
 			c.Close(websocket.StatusPolicyViolation, "want hello")
 			return
@@ -66,7 +65,7 @@ func TestRPCAndLogAppend(t *testing.T) {
 	defer cancel()
 	conns := make(chan *websocket.Conn, 1)
 	srv := server(t, conns)
-	tab, err := faketab.Dial(ctx, srv.URL, "agt_ok")
+	tab, err := lapdtest.Dial(ctx, srv.URL, "agt_ok")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +122,7 @@ func TestWatchAndRecording(t *testing.T) {
 	defer cancel()
 	conns := make(chan *websocket.Conn, 1)
 	srv := server(t, conns)
-	tab, err := faketab.Dial(ctx, srv.URL, "agt_ok")
+	tab, err := lapdtest.Dial(ctx, srv.URL, "agt_ok")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,8 +155,8 @@ func TestDialRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	srv := server(t, make(chan *websocket.Conn, 1))
-	_, err := faketab.Dial(ctx, srv.URL, "agt_bad")
-	de, ok := err.(*faketab.DialError)
+	_, err := lapdtest.Dial(ctx, srv.URL, "agt_bad")
+	de, ok := err.(*lapdtest.DialError)
 	if !ok || de.Status != 401 || !contains(string(de.Body), "auth-failed") {
 		t.Fatalf("err = %#v", err)
 	}
@@ -174,4 +173,40 @@ func indexOf(s, sub string) int {
 		}
 	}
 	return -1
+}
+
+// The tab gates a msg itself, as lapd.js does, whatever the server checked.
+func TestTabGatesLikeLapdJS(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conns := make(chan *websocket.Conn, 1)
+	srv := server(t, conns)
+	tab, err := lapdtest.Dial(ctx, srv.URL, "agt_ok", lapdtest.WithApp(todoApp()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	c := <-conns
+	defer c.CloseNow()
+	for i, tc := range []struct{ tool, args, want string }{
+		{"send_message", `{"msg":{"type":"add"}}`, `"reason":"invalid"`},
+		{"send_message", `{"msg":{"type":"add","title":"x","extra":1}}`, `'extra' not allowed`},
+		{"would_dispatch", `{"msg":{"type":"add"}}`, `"reason":"schema-mismatch"`},
+		{"send_message", `{"msg":{"type":"admin"}}`, `can only be done by the user`},
+		{"send_message", `{"msg":{"type":""}}`, `msg.type must be a non-empty string`},
+		{"would_dispatch", `{"msg":{"type":"add","title":"x"}}`, `"status":"predicted"`},
+	} {
+		b, _ := json.Marshal(map[string]any{"t": "rpc", "id": fmt.Sprint("g", i), "tool": tc.tool, "args": json.RawMessage(tc.args)})
+		if err := c.Write(ctx, websocket.MessageText, b); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := json.Marshal(read(t, ctx, c))
+		if !strings.Contains(string(got), tc.want) {
+			t.Errorf("%s %s: got %s, want %s", tc.tool, tc.args, got, tc.want)
+		}
+		read(t, ctx, c) // log-append
+	}
+	if n := len(tab.State().(map[string]any)["todos"].([]any)); n != 0 {
+		t.Errorf("a gated msg changed the state: %d todos", n)
+	}
 }

@@ -1,0 +1,99 @@
+package lapd
+
+import (
+	"log/slog"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/confirm"
+	"github.com/lapd-dev/lapd/lap"
+	"github.com/lapd-dev/lapd/mcp"
+	"github.com/lapd-dev/lapd/tokens"
+)
+
+// Config is everything New needs. The zero Config is a working lapd: memory
+// stores, the routes under /agent, the MCP endpoint on, anonymous mint off
+// (every mint needs an Identity), no demo app, and each part's own defaults
+// (the ones `lapd serve --help` prints).
+type Config struct {
+	// Prefix is the path every lapd route lives under: {Prefix}/ws,
+	// {Prefix}/mint, {Prefix}/lap/v1/…, {Prefix}/mcp, {Prefix}/client.js.
+	// Default "/agent", the LAP v2 paths a stock client expects; with another
+	// prefix, give lapd.js the same agentBasePath.
+	Prefix string
+
+	// Storage. With DataDir set, tokens, pending approvals and (with
+	// AuditSQLite) audit entries live in one SQLite file, DataDir/lapd.db
+	// (WAL), so a restart inside the grace window is invisible to a tab.
+	DataDir string // directory of lapd.db; "" = memory stores
+	Store   string // "sqlite" (default when DataDir is set) or "memory"
+
+	// Your own implementations, used instead of the one Store names (for
+	// example a store in your app's database). lapd does not close them:
+	// they are yours. Each must pass its package's contract suite
+	// (tokens/storetest, confirm/storetest).
+	TokenStore   tokens.Store
+	ConfirmStore confirm.Store
+
+	Logger *slog.Logger // nil = discard; tokens are never logged
+
+	// Audit. Every entry goes to each sink; New opens the ones named here.
+	AuditSinks  []audit.Sink // your own sinks (closed by Shutdown)
+	AuditFile   string       // JSONL file sink at this path
+	AuditStdout bool         // JSONL on stdout
+	AuditSQLite bool         // audit_entries table in lapd.db (needs the sqlite store)
+	// AuditRetention bounds what the file and SQLite sinks keep (zero =
+	// everything); the stdout stream is not bounded here.
+	AuditRetention audit.Retention
+
+	// Who may mint. Identity names the human behind a meta request (mint,
+	// resume, revoke, sessions) from the host app's own session: wrap your
+	// session lookup in lap.IdentityFunc, or use lap.NewCookieIdentity or
+	// lap.NewJWTIdentity. A uid of "" is anonymous; AllowAnonymous lets
+	// anyone who can reach {Prefix}/mint mint without one.
+	Identity       lap.IdentityResolver
+	AllowAnonymous bool
+	Origins        []string // extra allowed origins: WebSocket Origin check, CORS on meta routes, /agent/mcp
+	TrustProxy     int      // reverse proxies whose X-Forwarded-* headers are trusted
+	PublicURL      string   // public origin for mint URLs when behind a proxy; "" = from each request
+	// Hosts are the Host names served on a loopback listener besides
+	// loopback names (localhost, 127.0.0.1, ::1) and PublicURL's host: any
+	// other Host there is refused with 403 forbidden-host, on every route
+	// (DNS-rebinding protection). A listener on another address is not
+	// checked.
+	Hosts []string
+	// BodyReadTimeout bounds how long a request body may take to arrive
+	// (default 10s); Shutdown cuts bodies still arriving at once.
+	BodyReadTimeout time.Duration
+
+	// Rates (see lap.Config): per token, and per identity or client IP.
+	LAPRate   rate.Limit // default 30/min
+	LAPBurst  int        // default 30
+	MintRate  rate.Limit // default 30/min
+	MintBurst int        // default 30
+
+	// Lifetimes (see tokens.Config, pairing.Config, confirm.Config).
+	TokenTTL      time.Duration // hard expiry of a token; default 24h
+	SlidingTTL    time.Duration // expire a token unused this long; default off
+	Grace         time.Duration // a dropped tab may re-pair within it; default 60s
+	PingInterval  time.Duration // WebSocket heartbeat; default 15s
+	RPCTimeout    time.Duration // one RPC to the tab; default 15s
+	ConfirmExpiry time.Duration // an unanswered approval is rejected after it; default 10m
+	Clock         func() time.Time
+
+	// DisableMCP leaves {Prefix}/mcp (the MCP Streamable HTTP endpoint) out
+	// of Handler.
+	DisableMCP bool
+	// MCPTools picks the tools {Prefix}/mcp lists: mcp.ToolsCore (the
+	// default: the six that cover connect → act → approve → narrate) or
+	// mcp.ToolsAll (16).
+	MCPTools mcp.ToolSet
+	// Demo serves the demo app (Taskboard) at / and /demo/save. It loads
+	// /agent/client.js, so it needs the default Prefix.
+	Demo bool
+	// Version is the server version reported to MCP clients; default
+	// Version().
+	Version string
+}
