@@ -40,14 +40,37 @@
 //
 // # Costs and limits
 //
-// Each tab costs one reader goroutine (the HTTP handler's own) and no other
-// while idle: the writer goroutine runs only while frames are queued, and one
-// registry-wide loop sends WebSocket pings (a tab that misses two is closed
-// with 4408) and sweeps closed tabs' buffers (kept for Retention, at most
-// MaxClosed). Each tab's send queue is bounded (full → closed with 4008,
-// the caller never blocks); inbound frames are capped at MaxFrame (over →
-// 1009); in-flight calls and watches per tab are capped at MaxInFlight
-// (ErrBusy). Stats exposes counters for everything refused or dropped.
+// A paired tab is a goroutine only while it is busy. Its reader is a
+// goroutine of its own (the HTTP handler returns after the upgrade); when
+// nothing arrived for a second (a tick of the registry loop), the reader
+// parks the socket in an epoll set shared by all idle tabs (Linux; see
+// parker) and exits, and the tab's next frame starts a new one. The writer
+// goroutine runs only while frames are queued. A lapd.js tab sends its own
+// {t:'ping'} heartbeats and gets no WebSocket pings (it is closed with 4408
+// after two intervals and a half of silence); a tab that sends none is
+// pinged every PingInterval (two missed pongs → 4408). The socket keeps
+// 512 + 256 bytes of buffers (larger frames pass them by), and tabs that
+// sent the same hello share one copy of it. An idle tab costs about 4 KiB
+// of heap and no stack; docs/PERFORMANCE.md has the figures and why this
+// design (measured against one goroutine per tab) rather than another
+// WebSocket library.
+//
+// One registry-wide loop pings, parks and sweeps closed tabs' buffers (kept
+// for Retention, at most MaxClosed). Each tab's send queue is bounded (full
+// → closed with 4008, the caller never blocks); inbound frames are capped at
+// MaxFrame (over → 1009) and scanned once, never decoded (the result bytes
+// of a reply are passed through); in-flight calls and watches per tab are
+// capped at MaxInFlight (ErrBusy). Stats exposes counters for everything
+// refused or dropped, and how many tabs are parked.
+//
+// # Connecting, tied to the socket
+//
+// The token is checked before the upgrade and nothing changes then
+// (tokens.Manager.CheckAcceptTab): an upgrade that fails leaves the session
+// as it was. Once the socket is up its record moves (Connected), ordered per
+// session with the disconnect of an older socket: a socket that closes while
+// a newer one is being upgraded does not mark the session pending-resume
+// under the new, live socket; the move waits for the upgrade's outcome.
 package pairing
 
 import (

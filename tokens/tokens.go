@@ -43,6 +43,12 @@
 // share one database with the confirm and audit tables via
 // NewSQLiteStoreDB). Every Store implementation must pass
 // tokens/storetest.Run.
+//
+// A LAP call verifies its bearer, re-reads the record and touches
+// LastSeenAt: put a CachedStore in front of a store that does I/O (lapd
+// does for SQLite) and those are memory reads, with LastSeenAt written
+// behind (Manager.Touch uses a Store's Touch when it has one). The cache's
+// doc says what it promises to a store shared by several processes.
 package tokens
 
 import (
