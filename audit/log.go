@@ -496,10 +496,47 @@ func appendString(buf []byte, s string) []byte {
 	return append(buf, '"')
 }
 
-// sanitizeEntry returns e with a sanitized copy of its Detail.
+// sanitizeEntry returns e with a sanitized copy of its Detail, or with its
+// own Detail when nothing in it needs a change (the usual case: no copy).
 func sanitizeEntry(e Entry) Entry {
-	e.Detail = sanitizeMap(e.Detail, 0)
+	if !cleanMap(e.Detail, 0) {
+		e.Detail = sanitizeMap(e.Detail, 0)
+	}
 	return e
+}
+
+// cleanMap reports whether sanitizeMap would return m unchanged: only
+// strings (without secrets, within MaxDetailString), numbers, booleans, nil
+// and nested map[string]any / []any of those, within MaxDetailDepth.
+func cleanMap(m map[string]any, depth int) bool {
+	for _, v := range m {
+		if !cleanValue(v, depth+1) {
+			return false
+		}
+	}
+	return true
+}
+
+func cleanValue(v any, depth int) bool {
+	if depth > MaxDetailDepth {
+		return false
+	}
+	switch v := v.(type) {
+	case nil, bool, int, int64, float64, uint64, int32:
+		return true
+	case string:
+		return len(v) <= MaxDetailString && redact.String(v) == v
+	case map[string]any:
+		return cleanMap(v, depth)
+	case []any:
+		for _, x := range v {
+			if !cleanValue(x, depth+1) {
+				return false
+			}
+		}
+		return true
+	}
+	return false // converted by sanitizeValue (string maps, errors, Stringers…)
 }
 
 // sanitizeMap returns a copy of m with sanitizeValue applied to each value;

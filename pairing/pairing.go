@@ -76,7 +76,8 @@ package pairing
 import (
 	"container/list"
 	"context"
-	"crypto/rand"
+	"encoding/binary"
+	mrand "math/rand/v2"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -373,9 +374,14 @@ func (r *Registry) live(tid string) (*session, error) {
 }
 
 // newID returns a random RFC 4122 version 4 UUID.
+//
+// The ids only need to be unique (a call is matched within its own tab's
+// session), so they come from the runtime's ChaCha8 generator rather than
+// the system's entropy source (a system call per call on older kernels).
 func newID() string {
 	var b [16]byte
-	_, _ = rand.Read(b[:])
+	binary.LittleEndian.PutUint64(b[:8], mrand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], mrand.Uint64())
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	var out [36]byte
