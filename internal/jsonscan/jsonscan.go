@@ -27,6 +27,7 @@
 package jsonscan
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"strconv"
 	"unicode/utf8"
@@ -301,17 +302,32 @@ func plain(w uint64) bool {
 	return less|hasQ|hasS == 0
 }
 
+// special marks the bytes a string cannot hold as they are: '"', '\\'
+// and the control characters.
+var special = func() (t [256]bool) {
+	for c := 0; c < 0x20; c++ {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
+
 // str skips the string starting at b[i] == '"'.
 func str(b []byte, i int) (int, bool) {
 	i++
 	for {
 		for i+8 <= len(b) {
-			w := uint64(b[i]) | uint64(b[i+1])<<8 | uint64(b[i+2])<<16 | uint64(b[i+3])<<24 |
-				uint64(b[i+4])<<32 | uint64(b[i+5])<<40 | uint64(b[i+6])<<48 | uint64(b[i+7])<<56
-			if !plain(w) {
+			if !plain(binary.LittleEndian.Uint64(b[i:])) {
 				break
 			}
 			i += 8
+		}
+		if i >= len(b) {
+			return i, false
+		}
+		// Plain bytes one at a time up to the special one (within 8).
+		for i < len(b) && !special[b[i]] {
+			i++
 		}
 		if i >= len(b) {
 			return i, false
