@@ -96,6 +96,7 @@ func routeDescribe(c *call) (any, *apiError) {
 // observeResp splices the tab's observe result with the description and health.
 type observeResp struct {
 	result json.RawMessage
+	reply  pairing.Reply // holds result's read buffer until the response is written
 	desc   []byte
 	health pairing.Health
 }
@@ -103,6 +104,7 @@ type observeResp struct {
 func (o observeResp) writeTo(w http.ResponseWriter) {
 	buf := getBuf()
 	defer putBuf(buf)
+	defer o.reply.Release()
 	res := trimSpace(o.result)
 	if len(res) >= 2 && res[0] == '{' && res[len(res)-1] == '}' {
 		buf.Write(res[:len(res)-1])
@@ -132,12 +134,15 @@ func routeObserve(c *call) (any, *apiError) {
 	if !ok {
 		return nil, c.s.paused(c.ctx, c.tid)
 	}
-	res, ae := c.rpc("observe", emptyArgs, 0)
-	if ae != nil {
-		return nil, ae
+	// The result (the app's whole state) is read in place in the buffer it
+	// arrived in, and spliced into the response: never decoded, not copied
+	// out first.
+	reply, err := c.s.cfg.Registry.CallReply(c.ctx, c.tid, "observe", emptyArgs, 0)
+	if err != nil {
+		return nil, c.rpcErr(err)
 	}
 	c.audit = map[string]any{"tool": "observe"}
-	return observeResp{result: res, desc: c.s.descs.get(c.tid, h), health: c.s.cfg.Registry.Health(c.tid)}, nil
+	return observeResp{result: reply.Data, reply: reply, desc: c.s.descs.get(c.tid, h), health: c.s.cfg.Registry.Health(c.tid)}, nil
 }
 
 type pathBody struct {

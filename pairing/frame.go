@@ -214,11 +214,18 @@ func entryKind(e json.RawMessage) string {
 	return k.Kind
 }
 
+// handoffSize is the rpc-reply result size from which the result is handed
+// to its caller in the read buffer instead of copied out of it.
+const handoffSize = 4 << 10
+
 // handle processes one inbound frame on the reader goroutine. b is only valid
 // during the call (pooled): everything kept is copied (clone).
-func (c *conn) handle(b []byte) {
+//
+// It reports whether it kept buf: a large rpc-reply result is handed to its
+// caller inside buf (Reply), which gives it back.
+func (c *conn) handle(buf *bytes.Buffer) (kept bool) {
 	r, s := c.r, c.s
-	f, err := decodeFrame(b)
+	f, err := decodeFrame(buf.Bytes())
 	switch {
 	case errors.Is(err, errUnknownT):
 		r.unknown.Add(1)
@@ -230,13 +237,20 @@ func (c *conn) handle(b []byte) {
 	hooks := r.hooks.Load()
 	switch f.T {
 	case "rpc-reply":
-		res := clone(f.Result)
-		if len(res) == 0 {
-			res = json.RawMessage("null")
+		res := callResult{data: f.Result}
+		switch {
+		case len(f.Result) == 0:
+			res.data = json.RawMessage("null")
+		case len(f.Result) >= handoffSize:
+			res.buf = buf // the caller reads it in place and gives buf back
+		default:
+			res.data = clone(f.Result)
 		}
-		if !s.retire(&s.calls, f.ID, callResult{data: res}) {
+		if !s.retire(&s.calls, f.ID, res) {
 			r.unknownReplies.Add(1)
+			return false
 		}
+		return res.buf != nil
 	case "rpc-error":
 		if !s.retire(&s.calls, f.ID, callResult{err: &RPCError{Code: f.Code, Detail: detailString(f.Detail)}}) {
 			r.unknownReplies.Add(1)
@@ -286,6 +300,7 @@ func (c *conn) handle(b []byte) {
 	case "hello":
 		c.hello(f)
 	}
+	return false
 }
 
 // hello caches the tab's hello, answers hello-ack and, the first time on this

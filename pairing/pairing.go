@@ -74,6 +74,7 @@
 package pairing
 
 import (
+	"bytes"
 	"container/list"
 	"context"
 	"encoding/binary"
@@ -280,6 +281,7 @@ type session struct {
 type callResult struct {
 	data json.RawMessage
 	err  error
+	buf  *bytes.Buffer // non-nil: data aliases this pooled read buffer (see Reply)
 }
 
 // New returns a Registry.
@@ -505,13 +507,13 @@ func (p pending) fail(err error) {
 }
 
 // wait waits for ch, a timer (nil = none) or ctx, retiring id on the latter two.
-func (s *session) wait(m *map[string]chan callResult, id string, ch chan callResult, timer <-chan time.Time, ctx context.Context) (json.RawMessage, error) {
+func (s *session) wait(m *map[string]chan callResult, id string, ch chan callResult, timer <-chan time.Time, ctx context.Context) callResult {
 	var res callResult
 	select {
 	case res = <-ch:
 	case <-timer:
 		if s.retire(m, id, callResult{err: ErrTimeout}) {
-			return nil, ErrTimeout
+			return callResult{err: ErrTimeout}
 		}
 		res = <-ch
 	case <-ctx.Done():
@@ -520,11 +522,38 @@ func (s *session) wait(m *map[string]chan callResult, id string, ch chan callRes
 			err = ErrTimeout
 		}
 		if s.retire(m, id, callResult{err: err}) {
-			return nil, err
+			return callResult{err: err}
 		}
 		res = <-ch
 	}
-	return res.data, res.err
+	return res
+}
+
+// Reply is the result of a tab's rpc-reply. A large one aliases the read
+// buffer it arrived in (no copy of a 10 KiB observe result per call):
+// Release gives the buffer back once Data is no longer used, after which
+// Data must not be touched. Release may be called once; a zero Reply's is a
+// no-op.
+type Reply struct {
+	Data json.RawMessage
+	buf  *bytes.Buffer
+}
+
+// Release returns the reply's buffer for reuse.
+func (r Reply) Release() {
+	if r.buf != nil {
+		putReadBuf(r.buf)
+	}
+}
+
+// CallReply is Call returning the result without copying it out of the
+// read buffer: the caller must Release it.
+func (r *Registry) CallReply(ctx context.Context, tid, tool string, args any, timeout time.Duration) (Reply, error) {
+	res := r.call(ctx, tid, tool, args, timeout)
+	if res.err != nil {
+		return Reply{}, res.err
+	}
+	return Reply{Data: res.data, buf: res.buf}, nil
 }
 
 // Call sends {t:'rpc', id, tool, args} to tid's tab and waits for the answer.
@@ -532,27 +561,37 @@ func (s *session) wait(m *map[string]chan callResult, id string, ch chan callRes
 // ctx.Err() (and ErrClosed while shutting down, ErrBusy over MaxInFlight).
 // args may be json.RawMessage (sent as is) or any JSON-marshalable value.
 func (r *Registry) Call(ctx context.Context, tid, tool string, args any, timeout time.Duration) (json.RawMessage, error) {
+	res := r.call(ctx, tid, tool, args, timeout)
+	if res.buf != nil { // the caller owns what Call returns: copy it out
+		data := append(json.RawMessage(nil), res.data...)
+		putReadBuf(res.buf)
+		return data, res.err
+	}
+	return res.data, res.err
+}
+
+func (r *Registry) call(ctx context.Context, tid, tool string, args any, timeout time.Duration) callResult {
 	if timeout <= 0 {
 		timeout = r.cfg.RPCTimeout
 	}
 	s, err := r.live(tid)
 	if err != nil {
-		return nil, err
+		return callResult{err: err}
 	}
 	id := newID()
 	frame, err := rpcFrame(id, tool, args)
 	if err != nil {
-		return nil, err
+		return callResult{err: err}
 	}
 	ch, c, err := s.await(&s.calls, id, true)
 	if err != nil {
-		return nil, err
+		return callResult{err: err}
 	}
 	if err := c.enqueue(frame); err != nil {
 		// The socket went away between await and enqueue: its close (or a
 		// successor) retires the call; if nobody has yet, we do.
 		if s.retire(&s.calls, id, callResult{err: ErrPaused}) {
-			return nil, ErrPaused
+			return callResult{err: ErrPaused}
 		}
 	}
 	t := time.NewTimer(timeout)
@@ -650,7 +689,8 @@ func (r *Registry) Watch(ctx context.Context, tid, path string) (json.RawMessage
 			return nil, ErrPaused
 		}
 	}
-	res, err := s.wait(&s.watches, id, ch, nil, ctx)
+	wr := s.wait(&s.watches, id, ch, nil, ctx)
+	res, err := wr.data, wr.err
 	s.mu.Lock()
 	c = s.cur
 	s.mu.Unlock()

@@ -874,13 +874,21 @@ func (c *conn) readFrame() error {
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	_, err = buf.ReadFrom(rd)
+	kept := false
 	if err == nil {
-		c.handle(buf.Bytes())
+		kept = c.handle(buf)
 	} else if int64(buf.Len()) >= c.r.cfg.MaxFrame {
 		err = errFrameTooBig // the library has closed the socket with 1009
 	}
+	if !kept {
+		putReadBuf(buf)
+	}
+	return err
+}
+
+// putReadBuf returns a read buffer to the pool (big ones are dropped).
+func putReadBuf(buf *bytes.Buffer) {
 	if buf.Cap() <= maxPooledBuf {
 		bufPool.Put(buf)
 	}
-	return err
 }
