@@ -21,8 +21,19 @@ func waitReadable(nc net.Conn) {
 		return
 	}
 	var b [1]byte
+	woke := false
 	_ = rc.Read(func(fd uintptr) bool {
+		if woke {
+			// The poller said the socket is readable: trust it rather
+			// than peek again (a spurious wake-up only means the next
+			// read waits inside the library, as before).
+			return true
+		}
 		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		return n > 0 || err != syscall.EAGAIN
+		if n > 0 || err != syscall.EAGAIN {
+			return true
+		}
+		woke = true // we wait now; the next call follows a wake-up
+		return false
 	})
 }

@@ -122,6 +122,7 @@ func (b *bench) load(ctx context.Context, p *proc, sc scenario, cn string) (Resu
 		// scale by the share of calls made while measuring.
 		total := float64(m.N) * float64(b.o.warm+b.o.d) / float64(b.o.d)
 		out.CPUms = float64(m.CPU.Microseconds()) / 1e3 / float64(m.N)
+		out.ClientCPUms = float64(m.Client.Microseconds()) / 1e3 / float64(m.N)
 		out.AuditPerReq = float64(lines1-lines0) / total
 	}
 	return out, nil
@@ -255,6 +256,7 @@ func medians(rs []Result) []Result {
 		m.P90us = med(func(r Result) float64 { return r.P90us })
 		m.P99us = med(func(r Result) float64 { return r.P99us })
 		m.CPUms = med(func(r Result) float64 { return r.CPUms })
+		m.ClientCPUms = med(func(r Result) float64 { return r.ClientCPUms })
 		m.RSSMiB = med(func(r Result) float64 { return r.RSSMiB })
 		m.AuditPerReq = med(func(r Result) float64 { return r.AuditPerReq })
 		m.RSSPerTabKiB = med(func(r Result) float64 { return r.RSSPerTabKiB })
@@ -277,16 +279,16 @@ func markdown(rep Report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nlapbench %s — %s, %d CPUs (%s), load at start %s, state %d B, %s\n\n",
 		rep.Started.Format("2006-01-02 15:04"), rep.GoVersion, rep.CPUs, rep.CPUModel, rep.LoadAvg, rep.StateB, strings.Join(rep.Args, " "))
-	b.WriteString("| scenario | config | req/s | p50 µs | p90 µs | p99 µs | server CPU ms/req | server RSS MiB | audit lines/req | errors |\n")
-	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| scenario | config | req/s | p50 µs | p90 µs | p99 µs | server CPU ms/req | client CPU ms/req | server RSS MiB | audit lines/req | errors |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	var idle []Result
 	for _, r := range rep.Medians {
 		if r.Tabs > 0 {
 			idle = append(idle, r)
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %.0f | %.0f | %.3f | %.0f | %.2f | %d |\n",
-			r.Scenario, r.Config, r.ReqPerS, r.P50us, r.P90us, r.P99us, r.CPUms, r.RSSMiB, r.AuditPerReq, r.Errors)
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %.0f | %.0f | %.3f | %.3f | %.0f | %.2f | %d |\n",
+			r.Scenario, r.Config, r.ReqPerS, r.P50us, r.P90us, r.P99us, r.CPUms, r.ClientCPUms, r.RSSMiB, r.AuditPerReq, r.Errors)
 	}
 	if len(idle) > 0 {
 		b.WriteString("\n| scenario | config | RSS after mint MiB | RSS paired MiB | RSS per idle tab KiB | same, after a GC KiB | idle CPU µs/tab/s | errors |\n")

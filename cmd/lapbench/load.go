@@ -24,6 +24,7 @@ type measured struct {
 	Elapsed time.Duration
 	Lat     []time.Duration // sorted
 	CPU     time.Duration   // server CPU during the phase
+	Client  time.Duration   // lapbench's own CPU (agents and tabs) during the phase
 }
 
 func (m measured) rate() float64 {
@@ -101,9 +102,11 @@ func drive(ctx context.Context, p *proc, ops []op, warm, d time.Duration) measur
 	close(startGate)
 	time.Sleep(time.Until(measureFrom))
 	cpu0, _ := p.cpu()
+	self0, _ := cpuOf("self")
 	t0 := time.Now()
 	time.Sleep(time.Until(stopAt))
 	cpu1, _ := p.cpu()
+	self1, _ := cpuOf("self")
 	elapsed := time.Since(t0)
 	doneWG.Wait()
 	var m measured
@@ -118,6 +121,7 @@ func drive(ctx context.Context, p *proc, ops []op, warm, d time.Duration) measur
 	m.N = len(m.Lat)
 	m.Elapsed = elapsed
 	m.CPU = cpu1 - cpu0
+	m.Client = self1 - self0
 	return m
 }
 

@@ -167,7 +167,10 @@ type Result struct {
 	P90us    float64 `json:"p90us,omitempty"`
 	P99us    float64 `json:"p99us,omitempty"`
 	CPUms    float64 `json:"serverCpuMsPerReq,omitempty"`
-	RSSMiB   float64 `json:"serverRssMiB"`
+	// lapbench's own CPU per request (agents, fake tabs, MCP clients): with
+	// the server's, what bounds req/s on a machine of N CPUs (N / sum).
+	ClientCPUms float64 `json:"clientCpuMsPerReq,omitempty"`
+	RSSMiB      float64 `json:"serverRssMiB"`
 	// Audit lines the server wrote to stdout per request (default config).
 	AuditPerReq float64 `json:"auditLinesPerReq,omitempty"`
 	// idle scenarios

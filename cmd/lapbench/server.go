@@ -164,9 +164,12 @@ func (p *proc) stop() error {
 	return nil
 }
 
-// cpuTicks is utime+stime of the process (all threads) in clock ticks.
-func (p *proc) cpu() (time.Duration, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/stat")
+// cpu is utime+stime of the process (all threads).
+func (p *proc) cpu() (time.Duration, error) { return cpuOf(strconv.Itoa(p.cmd.Process.Pid)) }
+
+// cpuOf reads utime+stime of /proc/<pid> ("self" for lapbench itself).
+func cpuOf(pid string) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
 	if err != nil {
 		return 0, err
 	}
