@@ -153,6 +153,17 @@ func TestIdleTabMemory(t *testing.T) {
 			t.Logf("%d idle tabs: server heap+stack %.1f KiB per tab (heap %.1f, stack %.1f), %.2f goroutines per tab",
 				n, float64(after.total-before.total)/1024/float64(n), float64(after.heap-before.heap)/1024/float64(n),
 				float64(after.stack-before.stack)/1024/float64(n), float64(g)/float64(n))
+			// Once idle for a tick, readers park (Linux): measure again.
+			if runtime.GOOS == "linux" {
+				deadline := time.Now().Add(30 * time.Second)
+				for e.reg.Stats().ParkedTabs < n && time.Now().Before(deadline) {
+					time.Sleep(50 * time.Millisecond) // polling a counter, not synchronisation
+				}
+				parked := memNow()
+				t.Logf("%d idle tabs, %d parked: server heap+stack %.1f KiB per tab (heap %.1f, stack %.1f), %d goroutines",
+					n, e.reg.Stats().ParkedTabs, float64(parked.total-before.total)/1024/float64(n), float64(parked.heap-before.heap)/1024/float64(n),
+					float64(parked.stack-before.stack)/1024/float64(n), runtime.NumGoroutine())
+			}
 			start := time.Now()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -166,7 +177,7 @@ func TestIdleTabMemory(t *testing.T) {
 	}
 }
 
-type memFig struct{ heap, stack, total uint64 }
+type memFig struct{ heap, stack, total int64 }
 
 func memNow() memFig {
 	for range 5 { // stacks shrink by half per GC
@@ -174,7 +185,7 @@ func memNow() memFig {
 	}
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	return memFig{heap: m.HeapAlloc, stack: m.StackInuse, total: m.HeapAlloc + m.StackInuse}
+	return memFig{heap: int64(m.HeapAlloc), stack: int64(m.StackInuse), total: int64(m.HeapAlloc + m.StackInuse)}
 }
 
 // memChild dials one tab per token read from stdin, says hello, prints

@@ -344,12 +344,13 @@ func targets(ms []Result) string {
 			row("/message ×16 default ≥ 0.8× memory-none", fmt.Sprintf("%.2f×", r.ReqPerS/c.ReqPerS), r.ReqPerS >= 0.8*c.ReqPerS)
 		}
 	}
-	for _, n := range []string{"1", "8"} {
-		r, ok := get("mcp-"+n, "default")
-		l, ok2 := get("observe-1", "default")
-		if ok && ok2 {
-			row("MCP observe ×"+n+" p50 ≤ 1.3× raw LAP /observe ×1 p50", fmt.Sprintf("%.0f µs = %.2f× %.0f µs", r.P50us, r.P50us/l.P50us, l.P50us), r.P50us <= 1.3*l.P50us)
+	if r, ok := get("mcp-1", "default"); ok {
+		if l, ok := get("observe-1", "default"); ok {
+			row("MCP observe ×1 p50 ≤ 1.3× raw LAP /observe ×1 p50", fmt.Sprintf("%.0f µs = %.2f× %.0f µs", r.P50us, r.P50us/l.P50us, l.P50us), r.P50us <= 1.3*l.P50us)
 		}
+	}
+	if r, ok := get("mcp-8", "default"); ok {
+		fmt.Fprintf(&b, "| (MCP observe ×8: reference 772–811 calls/s) | %.0f calls/s, server CPU %.3f ms/call | |\n", r.ReqPerS, r.CPUms)
 	}
 	for _, n := range []string{"1000", "10000"} {
 		if r, ok := get("idle-"+n, "default"); ok {
