@@ -96,4 +96,16 @@ type Config struct {
 	// Version is the server version reported to MCP clients; default
 	// Version().
 	Version string
+
+	// MaxKeptBytes is the ceiling of the data lapd keeps for sessions in
+	// memory (default 512 MiB), split between the parts' byte budgets: tab
+	// log rings and hellos 1/4, idempotent /message bodies 1/4, kept
+	// approval outcomes 1/8, pending approval payloads 1/8, compiled
+	// policies 1/8, and 1/8 left for the /describe cache (it mirrors the
+	// hellos). Each part sheds (the heaviest session's oldest data first),
+	// logs and counts when over; Stats reports it.
+	MaxKeptBytes int64
 }
+
+// DefaultMaxKeptBytes is the default of Config.MaxKeptBytes.
+const DefaultMaxKeptBytes = 512 << 20

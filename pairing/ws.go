@@ -64,6 +64,7 @@ type conn struct {
 	inWait   bool          // the reader is in waitIdle (guarded by mu)
 	kicked   bool          // the registry loop ended that wait: the tab is idle (guarded by mu)
 
+	in      inbound       // the socket's inbound frame and byte rates (kept across parks)
 	br      *bufio.Reader // the socket's read buffer (from Hijack), for parking
 	closeMu sync.Mutex    // held around ws.Close, whose handshake reads br too
 	fd      int           // the socket's file descriptor (-1 = unknown: never parked)
@@ -303,6 +304,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	ws.SetReadLimit(r.cfg.MaxFrame)
 	c.ws, c.nc, c.br = ws, hr.nc, hr.br
 	c.fd = connFD(hr.nc)
+	c.in = r.newInbound()
 	c.since = time.Now().UnixMilli()
 	c.lastBeat.Store(c.since)
 	repair, old, code, err := r.connect(s, c, rec.TokenHash, tabSecret)
@@ -558,6 +560,10 @@ func (r *Registry) trimClosedLocked() {
 		if r.sessions[s.tid] == s {
 			delete(r.sessions, s.tid)
 		}
+		s.mu.Lock()
+		r.bufBytes.Add(-int64(s.releaseBuffersLocked()))
+		s.dropped = true
+		s.mu.Unlock()
 	}
 }
 
@@ -876,6 +882,7 @@ func (c *conn) readFrame() error {
 	_, err = buf.ReadFrom(rd)
 	kept := false
 	if err == nil {
+		c.in.wait(c.r, buf.Len())
 		kept = c.handle(buf)
 	} else if int64(buf.Len()) >= c.r.cfg.MaxFrame {
 		err = errFrameTooBig // the library has closed the socket with 1009

@@ -39,6 +39,7 @@ type serveConfig struct {
 	Tools           string
 	ShutdownTimeout time.Duration
 	Pprof           string
+	MaxKeptMiB      int
 
 	IdentityCookie    string
 	IdentityCookieKey string
@@ -80,6 +81,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.String(&c.Tools, "tools", "core", "MCP tools listed at /agent/mcp: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
 	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.String(&c.Pprof, "pprof", "", "serve Go's profiler (net/http/pprof) on this separate address, e.g. 127.0.0.1:6060; off by default, never expose it")
+	fs.Int(&c.MaxKeptMiB, "max-kept-mib", 512, "ceiling in MiB of session data kept in memory (log rings, hellos, kept outcomes, idempotent results, compiled policies); over it lapd sheds the heaviest sessions' oldest data and logs it")
 	fs.String(&c.IdentityCookie, "identity-cookie", "", "name of a signed cookie <uid>.<base64url(HMAC-SHA256(key, uid))> that names the user for mint")
 	fs.String(&c.IdentityCookieKey, "identity-cookie-key", "", "HMAC key for --identity-cookie (at least 32 characters)")
 	fs.String(&c.JWTCookie, "jwt-cookie", "", "cookie holding the host app's login JWT (names the user for mint)")
@@ -104,6 +106,9 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	}
 	if _, err := parseRetention(c.AuditRetention); err != nil {
 		return c, usageError{"--audit-retention: " + err.Error()}
+	}
+	if c.MaxKeptMiB < 16 {
+		return c, usageError{"--max-kept-mib must be at least 16"}
 	}
 	if c.LAPRate <= 0 || c.MintRate <= 0 {
 		return c, usageError{"--lap-rate and --mint-rate must be positive"}
