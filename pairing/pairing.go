@@ -52,7 +52,7 @@
 // pinged every PingInterval (two missed pongs → 4408). The socket keeps
 // 512 + 256 bytes of buffers (larger frames pass them by), and tabs that
 // sent the same hello share one copy of it. A parked idle tab costs about
-// 4.4 KiB of heap and no stack, against 8.4 KiB while a goroutine waits on
+// 4.5 KiB of heap and no stack, against 8.5 KiB while a goroutine waits on
 // it (and 22.8 KiB before these changes); docs/PERFORMANCE.md has the
 // figures and why parking readers beat replacing coder/websocket with an
 // epoll-driven library.
