@@ -61,7 +61,8 @@
 // for Retention, at most MaxClosed). Each tab's send queue is bounded (full
 // → closed with 4008, the caller never blocks); inbound frames are capped at
 // MaxFrame (over → 1009), rate-limited per socket (FrameRate, ByteRate:
-// the reader waits) and scanned once, never decoded (the result bytes of a
+// the reader waits; answers to the server's own calls and watches are not
+// counted) and scanned once, never decoded (the result bytes of a
 // reply are passed through); in-flight calls and watches per tab are capped
 // at MaxInFlight (ErrBusy). What lapd keeps per tab (log ring, hello) is
 // counted in bytes, per tid and in all (BufferBytes, see budget.go; a hello
@@ -245,9 +246,9 @@ type Config struct {
 	LogRing        int             // recent-log entries per tid; default 100
 	LogRingBytes   int             // bytes of recent-log entries per tid; default 1 MiB
 	BufferBytes    int             // rings and hellos of every tid, live or closed; default 128 MiB
-	FrameRate      float64         // inbound frames per second per socket; default 200
+	FrameRate      float64         // inbound frames per second per socket, answers to calls not counted; default 200
 	FrameBurst     int             // default 1000
-	ByteRate       float64         // inbound bytes per second per socket; default 8 MiB/s
+	ByteRate       float64         // inbound bytes per second per socket, answers to calls not counted; default 8 MiB/s
 	Hooks          Hooks
 }
 

@@ -882,8 +882,7 @@ func (c *conn) readFrame() error {
 	_, err = buf.ReadFrom(rd)
 	kept := false
 	if err == nil {
-		c.in.wait(c.r, buf.Len())
-		kept = c.handle(buf)
+		kept = c.handle(buf) // waits for the socket's inbound rates first
 	} else if int64(buf.Len()) >= c.r.cfg.MaxFrame {
 		err = errFrameTooBig // the library has closed the socket with 1009
 	}
