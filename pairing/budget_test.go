@@ -113,7 +113,12 @@ func TestInboundRate(t *testing.T) {
 // never delayed, while unsolicited frames past the bursts are.
 func TestSolicitedFramesNotThrottled(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.FrameRate = 200; c.FrameBurst = 5; c.ByteRate = 4096; c.MaxFrame = 1 << 10 })
+	e := newEnv(t, func(c *Config, _ *tokens.Config) {
+		c.FrameRate = 200
+		c.FrameBurst = 5
+		c.ByteRate = 4096
+		c.MaxFrame = 1 << 10
+	})
 	tok, tid := e.mint("")
 	tb := e.pair(tok) // hello: one unsolicited frame
 	st0 := e.reg.Stats().Throttled
