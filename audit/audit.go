@@ -56,6 +56,7 @@ const (
 	EventRefused        = "refused"         // any other refusal: detail {endpoint, status, code}
 	EventConfirmExpired = "confirm-expired" // an approval nobody answered timed out
 	EventDisconnect     = "disconnect"      // a tab's socket closed: detail {reason}
+	EventAdmin          = "admin"           // an operator acted in the admin console: detail {action, ip, …}
 )
 
 // Events lists every event name above, in that order (for validating a
@@ -63,7 +64,7 @@ const (
 func Events() []string {
 	return []string{EventMint, EventClaim, EventRevoke, EventLapCall, EventMsgDispatched, EventMsgBlocked,
 		EventConfirmProposed, EventConfirmApproved, EventConfirmRejected, EventRateLimited, EventAuthFailed,
-		EventResume, EventRefused, EventConfirmExpired, EventDisconnect}
+		EventResume, EventRefused, EventConfirmExpired, EventDisconnect, EventAdmin}
 }
 
 // Entry is one audit record. Wire shape: {at(ms), tid|null, uid|null, event, detail}.
@@ -73,6 +74,11 @@ type Entry struct {
 	UID    string         `json:"uid"`
 	Event  string         `json:"event"`
 	Detail map[string]any `json:"detail"`
+
+	// RequestID is the id of the LAP or MCP call that caused the entry
+	// (Record takes it from the context when empty). Sinks see it as
+	// Detail["rid"]: the wire shape stays the reference's.
+	RequestID string `json:"-"`
 }
 
 // MarshalJSON writes "" tid/uid as null.

@@ -68,7 +68,16 @@ func (l *Log) Record(ctx context.Context, e Entry) {
 	if e.At == 0 {
 		e.At = l.cfg.Clock().UnixMilli()
 	}
+	if e.RequestID == "" {
+		e.RequestID = RequestID(ctx)
+	}
 	e.Detail = sanitizeMap(e.Detail, 0)
+	if e.RequestID != "" && ValidRequestID(e.RequestID) {
+		if e.Detail == nil {
+			e.Detail = map[string]any{}
+		}
+		e.Detail["rid"] = e.RequestID
+	}
 	for _, s := range l.cfg.Sinks {
 		if err := s.Write(ctx, e); err != nil {
 			l.failures.Add(1)
@@ -181,6 +190,7 @@ type Filter struct {
 	Since  int64    // ms, inclusive
 	Until  int64    // ms, exclusive; 0 = no bound
 	Limit  int      // 0 = no limit; the newest Limit entries, oldest first
+	Offset int      // with Limit: skip the newest Offset matching entries first (paging back)
 }
 
 // match reports whether e passes f's field filters (not Limit).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -36,13 +37,34 @@ type writer interface {
 	writeTo(w http.ResponseWriter)
 }
 
+// serveLAP serves one LAP call under its request id (the response's
+// X-Request-Id, the audit entries' detail.rid, the rpc frame's rid) and
+// tells the Observer how it ended.
 func (s *Server) serveLAP(w http.ResponseWriter, r *http.Request, route string, h lapHandler) {
+	ctx, rid := requestID(r)
+	debug := s.log.Enabled(ctx, slog.LevelDebug)
+	var start time.Time
+	if s.cfg.Observer != nil || debug {
+		start = time.Now()
+	}
+	w.Header().Set(HeaderRequestID, rid)
+	status := s.lapCall(w, r, ctx, route, h)
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.Call("lap", route, status, time.Since(start), rid)
+	}
+	if debug {
+		s.logCall(ctx, "lap", route, status, start, rid)
+	}
+}
+
+// lapCall runs the gate and the route and returns the status written.
+func (s *Server) lapCall(w http.ResponseWriter, r *http.Request, ctx context.Context, route string, h lapHandler) int {
 	if !s.enter() {
 		writeError(w, errShuttingDown)
-		return
+		return errShuttingDown.status
 	}
 	defer s.leave()
-	c := &call{s: s, r: r, ctx: r.Context(), route: route}
+	c := &call{s: s, r: r, ctx: ctx, route: route}
 	res, e := c.gate(w)
 	if e == nil {
 		res, e = h(c)
@@ -50,14 +72,15 @@ func (s *Server) serveLAP(w http.ResponseWriter, r *http.Request, route string, 
 	if e != nil {
 		s.auditRefusal(c.ctx, c.tid, s.cfg.BasePath+route, e)
 		writeError(w, e)
-		return
+		return e.status
 	}
 	c.finish()
 	if wt, ok := res.(writer); ok {
 		wt.writeTo(w)
-		return
+		return http.StatusOK
 	}
 	writeJSON(w, res)
+	return http.StatusOK
 }
 
 // gate runs the reference's checks in order and reads the body.
@@ -84,7 +107,7 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		if c.ctx.Err() != nil {
 			return nil, errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled")
 		}
-		c.s.log.Error("verifying a bearer failed", "err", err)
+		c.s.log.Error("verifying a bearer failed", "err", err, "rid", audit.RequestID(c.ctx))
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "token store unavailable")
 	}
 	c.tid = rec.TID
@@ -218,7 +241,15 @@ func (s *Server) paused(ctx context.Context, tid string) *apiError {
 // rpc calls tool on the tab (timeout 0 = the registry's default) and maps a
 // failure to the wire.
 func (c *call) rpc(tool string, args any, timeout time.Duration) (json.RawMessage, *apiError) {
+	obs := c.s.cfg.Observer
+	var start time.Time
+	if obs != nil {
+		start = time.Now()
+	}
 	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, tool, args, timeout)
+	if obs != nil {
+		obs.RPC(tool, time.Since(start), err)
+	}
 	if err != nil {
 		return nil, c.rpcErr(err)
 	}

@@ -88,6 +88,8 @@ type Config struct {
 	IdempotencyTTL time.Duration    // how long a /message idempotencyKey is remembered; default 10m
 	MaxIdemKeys    int              // keys remembered per tid; default 1,000
 	Clock          func() time.Time // default time.Now
+
+	Observer Observer // told about every call and RPC (metrics); nil = none
 }
 
 // Server serves the meta and LAP routes. Safe for concurrent use.
@@ -206,11 +208,33 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if tail, ok := strings.CutPrefix(path, s.cfg.Prefix); ok {
 		if m, ok := metaRoutes[tail]; ok {
-			s.serveMeta(w, r, path, m)
+			s.observeMeta(w, r, path, tail, m)
 			return
 		}
 	}
 	writeError(w, errf(http.StatusNotFound, CodeNotFound, "no route "+path))
+}
+
+// observeMeta serves a meta route with a request id, timed for the
+// Observer.
+func (s *Server) observeMeta(w http.ResponseWriter, r *http.Request, path, route string, m metaHandler) {
+	start := time.Now()
+	ctx, rid := requestID(r)
+	w.Header().Set(HeaderRequestID, rid)
+	r = r.WithContext(ctx)
+	sw := statusWriters.Get().(*statusWriter)
+	sw.ResponseWriter, sw.status = w, 0
+	s.serveMeta(sw, r, path, m)
+	status := sw.status
+	sw.ResponseWriter = nil
+	statusWriters.Put(sw)
+	if status == 0 {
+		status = http.StatusOK
+	}
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.Call("meta", route, status, time.Since(start), rid)
+	}
+	s.logCall(ctx, "meta", route, status, start, rid)
 }
 
 // enter counts an in-flight call; false while draining.

@@ -188,6 +188,9 @@ type reservationKey struct{}
 // ServeHTTP checks Origin, gates session creation (per-IP rate, capacity),
 // then hands the request to mcp-go.
 func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if rid := r.Header.Get("X-Request-Id"); rid != "" && audit.ValidRequestID(rid) {
+		r = r.WithContext(audit.WithRequestID(r.Context(), rid))
+	}
 	if !h.originAllowed(r) {
 		h.audit(r, audit.EventRefused, map[string]any{"status": http.StatusForbidden, "code": "forbidden-origin", "origin": r.Header.Get("Origin")})
 		writeJSONError(w, http.StatusForbidden, "forbidden-origin", 0)

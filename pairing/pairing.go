@@ -131,6 +131,9 @@ type Stats struct {
 	HeartbeatCloses     int64 // sockets closed with 4408
 	QueueOverflowCloses int64 // sockets closed with 4008
 	ActiveTabs          int   // tids with a live socket now
+
+	FramesIn, FramesOut int64 // WebSocket messages read from and written to tabs
+	BytesIn, BytesOut   int64 // their payload bytes
 }
 
 // ConfirmResolved is a tab's confirm-resolved frame.
@@ -191,6 +194,7 @@ type Registry struct {
 
 	malformed, unknown, unknownReplies, refused atomic.Int64
 	superseded, hbCloses, overflowCloses        atomic.Int64
+	framesIn, framesOut, bytesIn, bytesOut      atomic.Int64
 }
 
 // session is everything lapd keeps per tid: the live socket (if any), the
@@ -208,6 +212,7 @@ type session struct {
 	connectedAt int64
 	lastHB      int64
 	accepts     int
+	rpcs        atomic.Int64      // Calls made to this tid (for the admin console)
 	ring        []json.RawMessage // circular, len ≤ LogRing
 	ringNext    int               // where the next entry goes once the ring is full
 	dropped     bool              // unregistered: buffers gone, nothing more is kept
@@ -279,6 +284,10 @@ func (r *Registry) Stats() Stats {
 		HeartbeatCloses:     r.hbCloses.Load(),
 		QueueOverflowCloses: r.overflowCloses.Load(),
 		ActiveTabs:          active,
+		FramesIn:            r.framesIn.Load(),
+		FramesOut:           r.framesOut.Load(),
+		BytesIn:             r.bytesIn.Load(),
+		BytesOut:            r.bytesOut.Load(),
 	}
 }
 
@@ -409,6 +418,8 @@ func (s *session) wait(m *map[string]chan callResult, id string, ch chan callRes
 }
 
 // Call sends {t:'rpc', id, tool, args} to tid's tab and waits for the answer.
+// The frame also carries rid, the request id of ctx (audit.WithRequestID),
+// when there is one: an optional field a tab may ignore.
 // timeout 0 = Config.RPCTimeout. Errors: ErrPaused, ErrTimeout, *RPCError,
 // ctx.Err() (and ErrClosed while shutting down, ErrBusy over MaxInFlight).
 // args may be json.RawMessage (sent as is) or any JSON-marshalable value.
@@ -420,8 +431,9 @@ func (r *Registry) Call(ctx context.Context, tid, tool string, args any, timeout
 	if err != nil {
 		return nil, err
 	}
+	s.rpcs.Add(1)
 	id := newID()
-	frame, err := rpcFrame(id, tool, args)
+	frame, err := rpcFrame(id, tool, args, audit.RequestID(ctx))
 	if err != nil {
 		return nil, err
 	}

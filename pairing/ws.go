@@ -386,6 +386,10 @@ func (c *conn) writeLoop() {
 			ctx, cancel := context.WithTimeout(context.Background(), c.r.cfg.WriteTimeout)
 			err := c.ws.Write(ctx, websocket.MessageText, b)
 			cancel()
+			if err == nil {
+				c.r.framesOut.Add(1)
+				c.r.bytesOut.Add(int64(len(b)))
+			}
 			batch[i] = nil
 			if err != nil {
 				c.mu.Lock()
@@ -524,6 +528,8 @@ func (c *conn) readLoop() error {
 		buf.Reset()
 		_, err = buf.ReadFrom(rd)
 		if err == nil {
+			c.r.framesIn.Add(1)
+			c.r.bytesIn.Add(int64(buf.Len()))
 			c.handle(buf.Bytes())
 		} else if int64(buf.Len()) >= c.r.cfg.MaxFrame {
 			err = errFrameTooBig // the library has closed the socket with 1009
