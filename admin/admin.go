@@ -54,9 +54,9 @@ type Session struct {
 	TID           string `json:"tid"`
 	App           string `json:"app,omitempty"`
 	AppVersion    string `json:"appVersion,omitempty"`
-	UID           string `json:"uid,omitempty"`    // "" = anonymous
-	Status        string `json:"status"`           // token state: awaiting-claude, active, pending-resume, revoked; "unknown" when the record is gone
-	Connected     bool   `json:"connected"`        // a live WebSocket now
+	UID           string `json:"uid,omitempty"`     // "" = anonymous
+	Status        string `json:"status"`            // token state: awaiting-claude, active, pending-resume, revoked; "unknown" when the record is gone
+	Connected     bool   `json:"connected"`         // a live WebSocket now
 	Visible       *bool  `json:"visible,omitempty"` // nil = the tab never said
 	LastHeartbeat int64  `json:"lastHeartbeatAt,omitempty"`
 	ConnectedAt   int64  `json:"connectedAt,omitempty"`

@@ -165,7 +165,7 @@ func TestBannerSaysAnonymousMintIsOff(t *testing.T) {
 			t.Fatal(err)
 		}
 		var b bytes.Buffer
-		printBanner(&b, c, a, []string{"http://127.0.0.1:8787", "http://192.168.1.20:8787"})
+		printBanner(&b, c, a, []string{"http://127.0.0.1:8787", "http://192.168.1.20:8787"}, "")
 		for _, w := range tc.want {
 			if !strings.Contains(b.String(), w) {
 				t.Errorf("%v: banner lacks %q:\n%s", tc.args, w, b.String())
