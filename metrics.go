@@ -222,12 +222,13 @@ func (m *metrics) RPC(tool string, d time.Duration, err error) {
 
 // rpcResult is err's index in rpcResults.
 func rpcResult(err error) int {
-	var re *pairing.RPCError
-	switch {
-	case err == nil:
+	if err == nil {
 		return 0
-	case errors.As(err, &re):
+	}
+	if _, ok := err.(*pairing.RPCError); ok { // Call returns it unwrapped; errors.As would allocate
 		return 1
+	}
+	switch {
 	case errors.Is(err, pairing.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		return 2
 	case errors.Is(err, pairing.ErrPaused):
