@@ -2,7 +2,6 @@ package lapd
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"sync"
 
@@ -11,7 +10,9 @@ import (
 
 // auditRing keeps the latest audit entries in memory, for the admin console
 // of a lapd whose sinks cannot be read back (--audit stdout or none). It is
-// bounded in bytes (each entry counted as its JSON line), oldest out first.
+// bounded in bytes, oldest out first. An entry is counted as the memory it
+// holds (entrySize: its strings plus Go's per-value overhead), estimated
+// without encoding it: the ring sits on the audit path of every call.
 type auditRing struct {
 	mu      sync.Mutex
 	entries []ringEntry // oldest first, from head on
@@ -25,8 +26,39 @@ type ringEntry struct {
 	size int
 }
 
-// defaultAuditRingBytes bounds the ring: about 20,000 typical entries.
+// defaultAuditRingBytes bounds the ring: about 10,000 typical entries.
 const defaultAuditRingBytes = 8 << 20
+
+// entrySize estimates the heap bytes e holds: its strings, and for the
+// Detail map Go's bucket overhead per key and the boxed values.
+func entrySize(e audit.Entry) int {
+	return 96 + len(e.TID) + len(e.UID) + len(e.Event) + valueSize(e.Detail, 0)
+}
+
+func valueSize(v any, depth int) int {
+	switch x := v.(type) {
+	case string:
+		return 16 + len(x)
+	case map[string]any:
+		n := 48
+		for k, v := range x {
+			n += 48 + len(k)
+			if depth < audit.MaxDetailDepth {
+				n += valueSize(v, depth+1)
+			}
+		}
+		return n
+	case []any:
+		n := 24
+		for _, v := range x {
+			if depth < audit.MaxDetailDepth {
+				n += 16 + valueSize(v, depth+1)
+			}
+		}
+		return n
+	}
+	return 16
+}
 
 var (
 	_ audit.Sink    = (*auditRing)(nil)
@@ -37,11 +69,7 @@ func newAuditRing(maxBytes int) *auditRing { return &auditRing{max: maxBytes} }
 
 // Write implements audit.Sink.
 func (r *auditRing) Write(_ context.Context, e audit.Entry) error {
-	b, err := json.Marshal(e)
-	if err != nil {
-		return err
-	}
-	size := len(b) + 64 // the line plus the Entry's own words
+	size := entrySize(e)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if size > r.max {
