@@ -10,6 +10,7 @@ import (
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/confirm"
 	"github.com/lapd-dev/lapd/lap"
+	"github.com/lapd-dev/lapd/mcp"
 	"github.com/lapd-dev/lapd/tokens"
 )
 
@@ -55,6 +56,15 @@ type Config struct {
 	Origins        []string // extra allowed origins: WebSocket Origin check, CORS on meta routes, /agent/mcp
 	TrustProxy     int      // reverse proxies whose X-Forwarded-* headers are trusted
 	PublicURL      string   // public origin for mint URLs when behind a proxy; "" = from each request
+	// Hosts are the Host names served on a loopback listener besides
+	// loopback names (localhost, 127.0.0.1, ::1) and PublicURL's host: any
+	// other Host there is refused with 403 forbidden-host, on every route
+	// (DNS-rebinding protection). A listener on another address is not
+	// checked.
+	Hosts []string
+	// BodyReadTimeout bounds how long a request body may take to arrive
+	// (default 10s); Shutdown cuts bodies still arriving at once.
+	BodyReadTimeout time.Duration
 
 	// Rates (see lap.Config): per token, and per identity or client IP.
 	LAPRate   rate.Limit // default 30/min
@@ -74,6 +84,10 @@ type Config struct {
 	// DisableMCP leaves {Prefix}/mcp (the MCP Streamable HTTP endpoint) out
 	// of Handler.
 	DisableMCP bool
+	// MCPTools picks the tools {Prefix}/mcp lists: mcp.ToolsCore (the
+	// default: the six that cover connect → act → approve → narrate) or
+	// mcp.ToolsAll (16).
+	MCPTools mcp.ToolSet
 	// Demo serves the demo app (Taskboard) at / and /demo/save. It loads
 	// /agent/client.js, so it needs the default Prefix.
 	Demo bool

@@ -17,6 +17,7 @@ import (
 	"github.com/lapd-dev/lapd/client"
 	"github.com/lapd-dev/lapd/confirm"
 	"github.com/lapd-dev/lapd/examples"
+	"github.com/lapd-dev/lapd/internal/redact"
 	"github.com/lapd-dev/lapd/lap"
 	"github.com/lapd-dev/lapd/mcp"
 	"github.com/lapd-dev/lapd/pairing"
@@ -39,6 +40,7 @@ type Server struct {
 	audit    *audit.Log
 	lap      *lap.Server
 	mcp      *mcp.HTTPHandler // nil with DisableMCP
+	perim    *perimeter
 	handler  http.Handler
 
 	version      string
@@ -64,6 +66,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	// Tokens are never logged: whatever reaches a log line (an error with a
+	// URL in it, a header) has agent tokens and tab secrets cut out.
+	s.log = slog.New(redact.Handler(s.log.Handler()))
 	if s.version == "" {
 		s.version = Version()
 	}
@@ -104,8 +109,16 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if s.tokens, err = tokens.NewManager(tokens.Config{Store: tstore, TTL: cfg.TokenTTL, SlidingTTL: cfg.SlidingTTL, Grace: cfg.Grace, Clock: cfg.Clock}); err != nil {
 		return nil, err
 	}
+	// Sockets of a previous process are gone, whether it stopped gracefully
+	// or was killed: their sessions get a grace from now to re-pair.
+	if n, err := s.tokens.AfterRestart(ctx); err != nil {
+		return nil, fmt.Errorf("lapd: %w", err)
+	} else if n > 0 {
+		s.log.Info("sessions of the previous process wait for their tabs to re-pair", "sessions", n)
+	}
 	if s.registry, err = pairing.New(pairing.Config{
 		Tokens: s.tokens, Audit: s.audit, Logger: s.log, AllowedOrigins: cfg.Origins,
+		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL,
 		PingInterval: cfg.PingInterval, RPCTimeout: cfg.RPCTimeout, Retention: cfg.Grace,
 	}); err != nil {
 		return nil, err
@@ -132,9 +145,11 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 
 	if !cfg.DisableMCP {
 		if s.mcp, err = mcp.NewHTTPHandler(mcp.HTTPConfig{
-			Config: mcp.Config{Client: s.lap.Client(), Logger: s.log.With("component", "mcp"), Name: "lapd", Version: s.version,
+			Config: mcp.Config{Client: s.lap.Client(), Tools: cfg.MCPTools, Logger: s.log.With("component", "mcp"), Name: "lapd", Version: s.version,
 				Observer: s.mcpObserver()},
 			AllowedOrigins: cfg.Origins,
+			AllowedHosts:   s.servedHosts(),
+			TrustProxy:     cfg.TrustProxy,
 			Audit:          s.audit,
 		}); err != nil {
 			return nil, err
@@ -143,7 +158,8 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if s.metrics != nil && s.mcp != nil {
 		s.metrics.addTools(s.mcp.Executor().Tools())
 	}
-	s.handler = s.routes()
+	s.perim = newPerimeter(s.routes(), s.servedHosts(), cfg.BodyReadTimeout, s.audit)
+	s.handler = s.perim
 	if err := s.buildAdmin(); err != nil {
 		return nil, err
 	}
@@ -317,6 +333,7 @@ func (s *Server) shutdown(ctx context.Context) error {
 		}
 	}
 	s.lap.Drain()
+	s.perim.cutBodies()
 	if err := s.lap.WaitIdle(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("waiting for in-flight calls: %w", err))
 	}
@@ -353,6 +370,11 @@ func (s *Server) closeAll() error {
 type closerFunc func() error
 
 func (f closerFunc) Close() error { return f() }
+
+// RedactLogs wraps h so that no log line carries an agent token or a tab
+// secret, wherever it stands in the message or an attribute. New does this to
+// Config.Logger; use it for loggers of your own that may see lapd's errors.
+func RedactLogs(h slog.Handler) slog.Handler { return redact.Handler(h) }
 
 // Version is lapd's module version from the build info (the main module's
 // in the lapd binary, the dependency's in a program that embeds lapd), or

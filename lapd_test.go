@@ -20,6 +20,7 @@ import (
 	"github.com/lapd-dev/lapd/confirm"
 	"github.com/lapd-dev/lapd/lap"
 	"github.com/lapd-dev/lapd/lapdtest"
+	"github.com/lapd-dev/lapd/mcp"
 	"github.com/lapd-dev/lapd/tokens"
 )
 
@@ -422,5 +423,25 @@ func TestRootPrefix(t *testing.T) {
 	}
 	if st, _ := get(t, srv.URL+"/client.js"); st != 200 {
 		t.Errorf("client.js at the root: %d", st)
+	}
+}
+
+// Config.MCPTools picks the tools /agent/mcp lists: the core six by
+// default, all 16 with mcp.ToolsAll.
+func TestMCPTools(t *testing.T) {
+	t.Parallel()
+	for set, want := range map[mcp.ToolSet]int{mcp.ToolsCore: 6, mcp.ToolsAll: 16} {
+		_, srv, _ := start(t, lapd.Config{MCPTools: set})
+		hdr := []string{"Content-Type", "application/json", "Accept", "application/json, text/event-stream", "MCP-Protocol-Version", "2025-11-25"}
+		init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
+		st, h, _ := post(t, srv.URL+"/agent/mcp", "", init, hdr...)
+		if st != 200 {
+			t.Fatalf("initialize: %d", st)
+		}
+		st, _, m := post(t, srv.URL+"/agent/mcp", "", `{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{}}`, append(hdr, "Mcp-Session-Id", h.Get("Mcp-Session-Id"))...)
+		tools, _ := m["result"].(map[string]any)["tools"].([]any)
+		if st != 200 || len(tools) != want {
+			t.Errorf("%v: tools/list %d, %d tools, want %d", set, st, len(tools), want)
+		}
 	}
 }

@@ -15,9 +15,9 @@
 //	log.Record(ctx, audit.Entry{TID: tid, UID: uid, Event: audit.EventMint,
 //		Detail: map[string]any{"origin": origin}})
 //
-// Record stamps At (Unix ms) when it is zero, copies Detail (replacing any
-// string that starts with "agt_" by "agt_…redacted" and cutting long strings
-// to MaxDetailString bytes), and writes to every sink. It never returns an
+// Record stamps At (Unix ms) when it is zero, copies Detail (replacing every
+// agent token or tab secret inside a string by "agt_…redacted" and cutting
+// long strings to MaxDetailString bytes), and writes to every sink. It never returns an
 // error: a sink failure is counted (Failures) and logged as one warning
 // naming the sink's type. A nil *Log discards everything.
 //
@@ -56,6 +56,7 @@ const (
 	EventRefused        = "refused"         // any other refusal: detail {endpoint, status, code}
 	EventConfirmExpired = "confirm-expired" // an approval nobody answered timed out
 	EventDisconnect     = "disconnect"      // a tab's socket closed: detail {reason}
+	EventSupersede      = "supersede"       // a newer socket for a tid replaced a live one (closed 4002): detail {tabSecret, approvals}
 	EventAdmin          = "admin"           // an operator acted in the admin console: detail {action, ip, …}
 )
 
@@ -64,7 +65,7 @@ const (
 func Events() []string {
 	return []string{EventMint, EventClaim, EventRevoke, EventLapCall, EventMsgDispatched, EventMsgBlocked,
 		EventConfirmProposed, EventConfirmApproved, EventConfirmRejected, EventRateLimited, EventAuthFailed,
-		EventResume, EventRefused, EventConfirmExpired, EventDisconnect, EventAdmin}
+		EventResume, EventRefused, EventConfirmExpired, EventDisconnect, EventSupersede, EventAdmin}
 }
 
 // Entry is one audit record. Wire shape: {at(ms), tid|null, uid|null, event, detail}.

@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/lapd-dev/lapd/internal/redact"
 )
 
 // Config configures a Log.
@@ -28,8 +29,8 @@ const (
 	// MaxDetailDepth bounds how deep nested maps and slices are copied;
 	// deeper values are replaced by "…".
 	MaxDetailDepth = 8
-	// redacted replaces any detail string that looks like an agent token.
-	redacted = "agt_…redacted"
+	// redacted replaces an agent token or tab secret anywhere in a detail string.
+	redacted = redact.Redacted
 )
 
 // Log fans entries out to its sinks. Safe for concurrent use; a nil *Log
@@ -57,9 +58,10 @@ func New(cfg Config) *Log {
 // Record writes e to every sink, stamping At when zero. A sink error is logged
 // and counted (Failures), never returned: auditing must not fail a request.
 //
-// Before any sink sees it, Detail is copied with every string that starts
-// with "agt_" replaced by "agt_…redacted" (tokens must never reach audit,
-// even by mistake) and long strings cut to MaxDetailString bytes.
+// Before any sink sees it, Detail is copied with every agent token or tab
+// secret in a string, wherever it stands, replaced by "agt_…redacted" (tokens
+// must never reach audit, even by mistake) and long strings cut to
+// MaxDetailString bytes.
 func (l *Log) Record(ctx context.Context, e Entry) {
 	if l == nil {
 		return
@@ -169,9 +171,7 @@ func sanitizeValue(v any, depth int) any {
 }
 
 func sanitizeString(s string) string {
-	if strings.HasPrefix(s, "agt_") {
-		return redacted
-	}
+	s = redact.String(s) // before cutting: a cut token would be harder to spot
 	if len(s) <= MaxDetailString {
 		return s
 	}

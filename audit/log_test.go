@@ -107,6 +107,7 @@ func TestRecordRedactsTokens(t *testing.T) {
 		"strs":   []string{"ok", tok},
 		"smap":   map[string]string{"t": tok},
 		"err":    fmt.Errorf("%s", tok),
+		"inside": fmt.Errorf("dial ws://h/agent/ws?token=%s: refused", tok),
 		"fine":   "a sentence that mentions agt_ is fine",
 		"n":      7,
 	}
@@ -118,6 +119,7 @@ func TestRecordRedactsTokens(t *testing.T) {
 		"strs":   []any{"ok", r},
 		"smap":   map[string]any{"t": r},
 		"err":    r,
+		"inside": "dial ws://h/agent/ws?token=" + r + ": refused",
 		"fine":   "a sentence that mentions agt_ is fine",
 		"n":      7,
 	}

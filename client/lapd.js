@@ -925,6 +925,13 @@ export function createAgent(opts) {
     } catch { /* corrupt: ignore */ }
     return null
   }
+  // The session this tab keeps (in sessionStorage, across reloads): the
+  // token the LLM gets, and the tab secret it never does.
+  function sessionFrom(body) {
+    const s = { token: body.token, tid: body.tid, lapUrl: body.lapUrl, wsUrl: body.wsUrl, expiresAt: body.expiresAt }
+    if (typeof body.tabSecret === 'string') s.tabSecret = body.tabSecret
+    return s
+  }
   function persist() { try { storage && session && storage.setItem(STORAGE_KEY, JSON.stringify(session)) } catch { /* quota */ } }
   function clearSession() {
     session = null
@@ -1039,13 +1046,15 @@ export function createAgent(opts) {
 
   async function mint() {
     try {
-      const res = await fetchFn(`${base}${basePath}/mint`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: '{}' })
+      // {tab:true}: lapd also mints this tab's own secret, which opens its
+      // socket and proves the session is ours; the LLM only ever gets the token.
+      const res = await fetchFn(`${base}${basePath}/mint`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: '{"tab":true}' })
       const body = await res.json().catch(() => null)
       if (!res.ok || !body || typeof body.token !== 'string') {
         fire({ type: 'mint-failed', code: `http-${res.status}`, detail: (body && body.error && (body.error.detail || body.error.code)) || res.statusText || '' })
         return
       }
-      session = { token: body.token, tid: body.tid, lapUrl: body.lapUrl, wsUrl: body.wsUrl, expiresAt: body.expiresAt }
+      session = sessionFrom(body)
       fire({ type: 'mint-ok' })
     } catch (e) {
       fire({ type: 'mint-failed', code: 'network', detail: errMessage(e) })
@@ -1056,16 +1065,19 @@ export function createAgent(opts) {
     const s = session
     if (!s || !fetchFn) return
     try {
-      await fetchFn(`${base}${basePath}/revoke`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ tid: s.tid }) })
+      await fetchFn(`${base}${basePath}/revoke`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(s.tabSecret ? { tid: s.tid, tabSecret: s.tabSecret } : { tid: s.tid }) })
     } catch (e) { emit('error', e) }
   }
 
   function openSocket() {
     closeSocket(1000)
     if (!session || !WS || destroyed) return
-    const url = session.wsUrl + (session.wsUrl.includes('?') ? '&' : '?') + 'token=' + encodeURIComponent(session.token)
+    // Credentials ride in Sec-WebSocket-Protocol entries, never in the URL
+    // (URLs end up in proxy logs and browser history); lapd answers lapd.v2.
+    const protocols = ['lapd.v2', 'lapd.token.' + session.token]
+    if (session.tabSecret) protocols.push('lapd.tab.' + session.tabSecret)
     let sock
-    try { sock = new WS(url) } catch (e) { emit('error', e); fire({ type: 'ws-closed', hasToken: true }); return }
+    try { sock = new WS(session.wsUrl, protocols) } catch (e) { emit('error', e); fire({ type: 'ws-closed', hasToken: true }); return }
     ws = sock
     opened = false
     sock.onopen = () => { if (ws !== sock) return; opened = true; onOpen() }
@@ -1531,7 +1543,9 @@ export function createAgent(opts) {
     },
     async resume(tid) {
       try {
-        const res = await fetchFn(`${base}${basePath}/resume/claim`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ tid }) })
+        // An anonymous session is claimed with its tab secret (the one this tab holds, if it is that session).
+        const claim = session && session.tid === tid && session.tabSecret ? { tid, tabSecret: session.tabSecret } : { tid }
+        const res = await fetchFn(`${base}${basePath}/resume/claim`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(claim) })
         const body = await res.json().catch(() => null)
         if (!res.ok || !body || typeof body.token !== 'string') {
           const code = (body && body.error && body.error.code) || `http-${res.status}`
@@ -1539,7 +1553,7 @@ export function createAgent(opts) {
           return false
         }
         clearTimeout(reconnectTimer)
-        session = { token: body.token, tid: body.tid, lapUrl: body.lapUrl, wsUrl: body.wsUrl, expiresAt: body.expiresAt }
+        session = sessionFrom(body)
         fire({ type: 'resume-ok' })
         return true
       } catch (e) { emit('error', e); return false }

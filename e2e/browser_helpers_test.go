@@ -306,10 +306,11 @@ func browserMCPHTTP(t *testing.T, srvURL string) *mcpclient.Client {
 	return c
 }
 
-// browserMCPStdio runs `lapd mcp` (the stdio bridge) under mcp-go's client.
-func browserMCPStdio(t *testing.T) *mcpclient.Client {
+// browserMCPStdio runs `lapd mcp` (the stdio bridge, with extra flags)
+// under mcp-go's client.
+func browserMCPStdio(t *testing.T, extra ...string) *mcpclient.Client {
 	t.Helper()
-	c, err := mcpclient.NewStdioMCPClient(lapdBin, []string{"LAPD_LOG_LEVEL=warn"}, "mcp")
+	c, err := mcpclient.NewStdioMCPClient(lapdBin, []string{"LAPD_LOG_LEVEL=warn", "LAPD_TOOLS="}, append([]string{"mcp"}, extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,7 @@ func connectModel(t *testing.T, tab *browserTab, srvURL string) (*mcpclient.Clie
 
 func TestBrowserKeyboard(t *testing.T) {
 	needTool(t, "chromium", browserChromium)
-	srv := startServer(t, "", "--lap-rate", "600")
+	srv := startServer(t, "", "--lap-rate", "600", "--tools", "all") // describe_recent_actions
 	tab := browserOpen(t, srv.URL+"/")
 	tab.waitStatus("idle", 10*time.Second)
 	tab.axe("idle")
@@ -133,8 +133,9 @@ func TestBrowserKeyboard(t *testing.T) {
 
 	// The server refuses a human-only action before it reaches the tab; the
 	// feed shows it, and so does describe_recent_actions {kind:"blocked"}.
+	// A refusal is an answer (isError false) with a status and a reason.
 	r := browserCall(t, mc, "send_message", args("msg", map[string]any{"type": "resetDemo"}))
-	if !r.IsError || r.code() != "human-only" {
+	if r.IsError || r.SC["status"] != "rejected" || r.SC["reason"] != "human-only" {
 		t.Fatalf("resetDemo: %v %s", r.IsError, r.Text)
 	}
 	tab.waitJS(`(`+panelJS("feed")+`).innerText.includes('Blocked: Reset the demo board')`, 10*time.Second)
@@ -146,7 +147,7 @@ func TestBrowserKeyboard(t *testing.T) {
 	// 5. An approval: the human is typing in the page; Alt+Shift+A takes
 	// them to Approve, Enter approves, focus stays in the panel, Escape
 	// goes back to the input.
-	pend := browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "clearAll"}, "reason", "you asked for a clean board", "timeoutMs", 100))
+	pend := browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "clearAll"}, "reason", "you asked for a clean board", "approvalTimeoutMs", 0))
 	cid, _ := pend["confirmId"].(string)
 	tab.waitJS(`!!`+panelJS("approve-"+cid), 10*time.Second)
 	card := tab.evalString(panelJS("card-"+cid) + `.innerText`)
@@ -192,14 +193,14 @@ func TestBrowserKeyboard(t *testing.T) {
 
 	// 6. Rejecting by keyboard: shortcut, Tab to Reject, Enter.
 	browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "addTask", "title": "Keep me"}))
-	pend = browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "clearAll"}, "timeoutMs", 100))
+	pend = browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "clearAll"}, "approvalTimeoutMs", 0))
 	cid2, _ := pend["confirmId"].(string)
 	tab.waitJS(`!!`+panelJS("approve-"+cid2), 10*time.Second)
 	tab.key("a", chromedp.ModifierAlt, chromedp.ModifierShift)
 	tab.tabTo("panel:reject-"+cid2, 1)
 	tab.key(kb.Enter)
 	r = browserCall(t, mc, "get_confirm_result", args("confirmId", cid2, "timeoutMs", 10000))
-	if !r.IsError || r.code() != "user-cancelled" {
+	if r.IsError || r.SC["status"] != "rejected" || r.SC["reason"] != "user-cancelled" {
 		t.Fatalf("after Reject: %v %s", r.IsError, r.Text)
 	}
 	tab.waitJS(`(`+panelJS("feed")+`).innerText.includes('Rejected by you: Delete every task (1 task)')`, 5*time.Second)
@@ -294,7 +295,7 @@ func TestBrowserPhone(t *testing.T) {
 		browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "addTask", "title": title}))
 	}
 	browserOK(t, mc, "narrate", args("text", "The board is full; I will ask to clear it."))
-	pend := browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "clearAll"}, "reason", "you asked for a fresh start", "timeoutMs", 100))
+	pend := browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "clearAll"}, "reason", "you asked for a fresh start", "approvalTimeoutMs", 0))
 	cid, _ := pend["confirmId"].(string)
 	tab.waitJS(`!`+panelJS("badge")+`.hidden`, 10*time.Second)
 	if s := tab.evalString(panelJS("status") + `.textContent`); s != "Approve? Delete every task (6 tasks)" {

@@ -24,7 +24,7 @@ func TestBrowserPerf(t *testing.T) {
 	lapdBin = browserBuildPlain(t)
 	t.Cleanup(func() { lapdBin = raceBin })
 
-	srv := startServer(t, "", "--lap-rate", "100000", "--log-level", "info")
+	srv := startServer(t, "", "--lap-rate", "100000", "--log-level", "info", "--tools", "all") // query_state
 	tab := browserOpen(t, srv.URL+"/")
 	tab.waitStatus("idle", 10*time.Second)
 	tab.click(browserTestID("connect"))
@@ -90,7 +90,7 @@ func TestBrowserPerf(t *testing.T) {
 			start := time.Now()
 			r := browserCall(t, mc, "send_message", map[string]any{"session": sess, "msg": map[string]any{"type": "resetDemo"}})
 			d = append(d, time.Since(start))
-			if r.code() != "human-only" {
+			if r.IsError || r.SC["reason"] != "human-only" {
 				t.Fatalf("resetDemo: %s", r.Text)
 			}
 		}
@@ -114,7 +114,7 @@ func TestBrowserPerf(t *testing.T) {
 	batch(httpMC, httpSess, "http, drainQuietMs 0", map[string]any{"drainQuietMs": 0})
 	batch(httpMC, httpSess, "http, waitFor idle", map[string]any{"waitFor": "idle"})
 
-	stdioMC := browserMCPStdio(t)
+	stdioMC := browserMCPStdio(t, "--tools", "all")
 	stdioSess := connect(stdioMC)
 	reads(stdioMC, stdioSess, "stdio, read")
 	batch(stdioMC, stdioSess, "stdio, default drain (quiet 100 ms)", nil)

@@ -89,10 +89,11 @@ func browserChain(t *testing.T, transport string) {
 		t.Fatalf("the page does not show %q after send_message returned", title)
 	}
 
-	// 5. Human-only is refused, and the page keeps its tasks.
+	// 5. Human-only is refused (an answer, not a failure), and the page
+	// keeps its tasks.
 	r := browserCall(t, mc, "send_message", args("msg", map[string]any{"type": "resetDemo"}))
-	if !r.IsError || r.code() != "human-only" || !strings.Contains(r.Text, "ask the user") {
-		t.Fatalf("resetDemo: want isError human-only with advice, got %v %s", r.IsError, r.Text)
+	if r.IsError || r.SC["status"] != "rejected" || r.SC["reason"] != "human-only" || !strings.Contains(r.Text, "ask them") {
+		t.Fatalf("resetDemo: want rejected human-only with advice, got %v %s", r.IsError, r.Text)
 	}
 	tab.waitJS(`document.querySelectorAll('#board li.task').length === 4`, 5*time.Second)
 
@@ -127,8 +128,9 @@ wait:
 		t.Fatalf("wait_for_change: %v %s", wres.IsError, wres.Text)
 	}
 
-	// 7. Confirmation, rejected in the panel.
-	pend := browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "clearAll"}, "reason", "the test asks for it"))
+	// 7. Confirmation, rejected in the panel. approvalTimeoutMs 0: return
+	// pending-confirmation at once, then wait with get_confirm_result.
+	pend := browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "clearAll"}, "reason", "the test asks for it", "approvalTimeoutMs", 0))
 	cid, _ := pend["confirmId"].(string)
 	if pend["status"] != "pending-confirmation" || cid == "" {
 		t.Fatalf("clearAll: %s", browserJSON(pend))
@@ -139,13 +141,13 @@ wait:
 	}
 	tab.click(browserTestID("reject-" + cid))
 	r = browserCall(t, mc, "get_confirm_result", args("confirmId", cid, "timeoutMs", 10000))
-	if !r.IsError || r.code() != "user-cancelled" {
-		t.Fatalf("get_confirm_result after reject: want isError user-cancelled, got %v %s", r.IsError, r.Text)
+	if r.IsError || r.SC["status"] != "rejected" || r.SC["reason"] != "user-cancelled" {
+		t.Fatalf("get_confirm_result after reject: want rejected user-cancelled, got %v %s", r.IsError, r.Text)
 	}
 	tab.waitJS(`document.querySelectorAll('#board li.task').length === 4`, 5*time.Second)
 
 	// 8. Confirmation, approved in the panel: the board is cleared.
-	pend = browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "clearAll"}))
+	pend = browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "clearAll"}, "approvalTimeoutMs", 0))
 	cid, _ = pend["confirmId"].(string)
 	if pend["status"] != "pending-confirmation" || cid == "" {
 		t.Fatalf("clearAll again: %s", browserJSON(pend))
@@ -222,8 +224,14 @@ wait:
 		tab.waitStatus("idle", 10*time.Second)
 	} else {
 		tid := tab.evalString(`window.__lapd.session.tid`)
+		// An anonymous session is revoked with the tab's own secret (the
+		// page's app code holds it; the LLM never does).
+		secret := tab.evalString(`JSON.parse(sessionStorage.getItem('lapd:session')).tabSecret`)
 		var out map[string]any
-		if st := srv2.postJSON(t, "/agent/revoke", "", map[string]any{"tid": tid}, &out); st != 200 {
+		if st := srv2.postJSON(t, "/agent/revoke", "", map[string]any{"tid": tid}, &out); st != 404 {
+			t.Fatalf("revoke by tid alone: %d %v", st, out)
+		}
+		if st := srv2.postJSON(t, "/agent/revoke", "", map[string]any{"tid": tid, "tabSecret": secret}, &out); st != 200 {
 			t.Fatalf("POST /agent/revoke: %d %v", st, out)
 		}
 		tab.waitStatus("idle", 10*time.Second)

@@ -19,7 +19,7 @@ func TestMCPPausedThenRecovered(t *testing.T) {
 			t.Parallel()
 			// Own server: /healthz counts every tab. A short grace keeps
 			// Retry-After (the grace left) short.
-			s := startServer(t, "", "--lap-rate", mcpNoRateLimit, "--grace", "4s")
+			s := startServer(t, "", append([]string{"--lap-rate", mcpNoRateLimit, "--grace", "4s"}, mcpAllTools...)...)
 			tab, m := mcpTab(t, s, lapdtest.WithState(map[string]any{"count": 7.0, "todos": []any{}}))
 			c := tr.dial(t, s)
 			h, _ := mcpConnect(t, c, m)
@@ -80,7 +80,7 @@ func mcpAudited(s *server, event, tid, code string) bool {
 // rate-limited with retryAfterMs and how long to wait, and dispatches nothing.
 func TestMCPRateLimited(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, "", "--lap-rate", "3")
+	s := startServer(t, "", append([]string{"--lap-rate", "3"}, mcpAllTools...)...)
 	for _, tr := range mcpTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			t.Parallel()
@@ -89,7 +89,8 @@ func TestMCPRateLimited(t *testing.T) {
 			h, _ := mcpConnect(t, c, m)                               // 1: /observe
 			mcpOK(t, c, "get_state", map[string]any{"session": h})    // 2
 			mcpOK(t, c, "list_actions", map[string]any{"session": h}) // 3
-			// send_message's budget is timeoutMs + 2 s, shorter than the ~20 s Retry-After.
+			// send_message waits out a rate limit only within timeoutMs + 2 s,
+			// shorter than the ~20 s Retry-After.
 			out := mcpCall(t, c, "send_message", map[string]any{"session": h, "msg": map[string]any{"type": "inc"}, "timeoutMs": 500})
 			mcpWantError(t, out, "rate-limited", "wait", "before the next one")
 			if ms, _ := mcpPath(out.SC, "error.retryAfterMs").(float64); ms < 1000 || ms > 20000 {
@@ -111,7 +112,7 @@ func TestMCPRateLimited(t *testing.T) {
 // conversation; without `session` the error lists both, with it each works.
 func TestMCPTwoSessions(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, "", "--lap-rate", mcpNoRateLimit)
+	s := startServer(t, "", append([]string{"--lap-rate", mcpNoRateLimit}, mcpAllTools...)...)
 	for _, tr := range mcpTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			t.Parallel()
@@ -142,14 +143,14 @@ func TestMCPTwoSessions(t *testing.T) {
 			if mcpPath(tabB.State(), "count") != 101.0 || mcpPath(tabA.State(), "count") != 0.0 || tabA.RPCCount("send_message") != 0 {
 				t.Fatalf("dispatch went to the wrong tab: A %v, B %v", tabA.State(), tabB.State())
 			}
-			if o := mcpOK(t, c, "observe", map[string]any{"session": hB}); mcpPath(o.SC, "description.name") != "Beta" {
+			if o := mcpOK(t, c, "observe", map[string]any{"session": hB}); o.SC["appName"] != "Beta" {
 				t.Fatalf("Beta observe: %s", o.Text)
 			}
 			mcpWantError(t, mcpCall(t, c, "observe", map[string]any{"session": "s_aaaaaaaaaaaaaaaa"}), "unknown-session")
 			// Dropping one leaves the other as the default (where defaults exist).
 			mcpOK(t, c, "disconnect_session", map[string]any{"session": hA})
 			if !tr.modern {
-				if o := mcpOK(t, c, "observe", nil); mcpPath(o.SC, "description.name") != "Beta" {
+				if o := mcpOK(t, c, "observe", nil); o.SC["appName"] != "Beta" {
 					t.Fatalf("observe after disconnecting Alpha: %s", o.Text)
 				}
 			}

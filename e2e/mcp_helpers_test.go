@@ -28,8 +28,11 @@ type mcpTransport struct {
 // mcpTransports are the three ways the suites run: the stdio bridge
 // (`lapd mcp` child process), Streamable HTTP in the modern era, and
 // Streamable HTTP pinned to 2025-11-25 (legacy, with an MCP session).
+//
+// These suites exercise every tool, so their servers and bridges run with
+// --tools all (mcpAllTools); the README flow runs on the defaults.
 var mcpTransports = []mcpTransport{
-	{name: "stdio", dial: mcpDialStdio},
+	{name: "stdio", dial: func(t testing.TB, s *server) *client.Client { return mcpDialStdioBin(t, lapdBin, s, mcpAllTools...) }},
 	{name: "http-modern", modern: true, dial: func(t testing.TB, s *server) *client.Client { return mcpDialHTTP(t, s, false) }},
 	{name: "http-2025-11-25", dial: func(t testing.TB, s *server) *client.Client { return mcpDialHTTP(t, s, true) }},
 }
@@ -53,10 +56,14 @@ func mcpDialStdio(t testing.TB, s *server) *client.Client {
 	return mcpDialStdioBin(t, lapdBin, s)
 }
 
-// mcpDialStdioBin is mcpDialStdio with another lapd binary.
-func mcpDialStdioBin(t testing.TB, bin string, s *server) *client.Client {
+// mcpAllTools lists every tool (the default is the core set).
+var mcpAllTools = []string{"--tools", "all"}
+
+// mcpDialStdioBin is mcpDialStdio with another lapd binary and extra flags.
+func mcpDialStdioBin(t testing.TB, bin string, s *server, extra ...string) *client.Client {
 	t.Helper()
-	c, err := client.NewStdioMCPClient(bin, []string{"LAPD_URL=", "LAPD_LOG_LEVEL="}, "mcp", "--url", s.URL+"/agent/lap/v1")
+	args := append([]string{"mcp", "--url", s.URL + "/agent/lap/v1"}, extra...)
+	c, err := client.NewStdioMCPClient(bin, []string{"LAPD_URL=", "LAPD_LOG_LEVEL=", "LAPD_TOOLS="}, args...)
 	if err != nil {
 		t.Fatalf("starting lapd mcp: %v", err)
 	}

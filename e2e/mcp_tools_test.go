@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"os/exec"
 	"slices"
 	"strings"
@@ -25,7 +26,7 @@ func TestMCPTools(t *testing.T) {
 	for _, tr := range mcpTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			t.Parallel()
-			s := startServer(t, "", "--lap-rate", mcpNoRateLimit)
+			s := startServer(t, "", append([]string{"--lap-rate", mcpNoRateLimit}, mcpAllTools...)...)
 			tab, m := mcpTab(t, s)
 			c := tr.dial(t, s)
 			mcpToolSuite(t, s, c, tab, m, tr.modern)
@@ -49,9 +50,11 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *lapdtest.Tab, 
 	// A bad line never binds.
 	mcpWantError(t, mcpCall(t, c, "connect_session", map[string]any{"line": "hello there"}), "invalid-arguments")
 
-	// connect_session with the pasted line.
+	// connect_session with the pasted line: the first observation, lean
+	// (no description block, no health while the tab is fine).
 	h, out := mcpConnect(t, c, m)
-	if out.SC["appName"] != "lapdtest" || mcpPath(out.SC, "state.count") != 0.0 || mcpPath(out.SC, "description.schemaHash") != "lapdtest-1" {
+	if out.SC["appName"] != "lapdtest" || mcpPath(out.SC, "state.count") != 0.0 || mcpPath(out.SC, "docs.purpose") != "A fake app for tests" ||
+		out.SC["description"] != nil || out.SC["health"] != nil || !slices.Equal(mcpVariants(out.SC["actions"]), []string{"inc", "addTodo", "clearAll"}) {
 		t.Fatalf("connect_session result: %s", out.Text)
 	}
 	if strings.Contains(out.Text, m.Token) {
@@ -68,17 +71,20 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *lapdtest.Tab, 
 		return a
 	}
 
-	// observe
+	// observe: the whole picture; verbose: the LAP body as it came.
 	out = mcpOK(t, c, "observe", S(nil))
-	if mcpPath(out.SC, "health.connected") != true || mcpPath(out.SC, "description.name") != "lapdtest" || mcpPath(out.SC, "context.summary") != "A fake tab" {
+	if out.SC["appName"] != "lapdtest" || mcpPath(out.SC, "context.summary") != "A fake tab" || mcpPath(out.SC, "stateSchema.type") != "object" {
 		t.Fatalf("observe: %s", out.Text)
+	}
+	if v := mcpOK(t, c, "observe", S(map[string]any{"verbose": true})); mcpPath(v.SC, "health.connected") != true || mcpPath(v.SC, "description.schemaHash") != "lapdtest-1" {
+		t.Fatalf("observe verbose: %s", v.Text)
 	}
 	if vs := mcpVariants(out.SC["actions"]); !slices.Equal(vs, []string{"inc", "addTodo", "clearAll"}) {
 		t.Fatalf("observe actions = %v (reset is human-only and must not be listed)", vs)
 	}
 	if !modern {
 		// the only binding is the default
-		if o := mcpOK(t, c, "observe", nil); mcpPath(o.SC, "description.name") != "lapdtest" {
+		if o := mcpOK(t, c, "observe", nil); o.SC["appName"] != "lapdtest" {
 			t.Fatalf("observe without session: %s", o.Text)
 		}
 	}
@@ -118,9 +124,10 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *lapdtest.Tab, 
 		t.Fatalf("would_dispatch changed the state: %v", st)
 	}
 
-	// send_message dispatches and returns a diff and the fresh actions.
+	// send_message dispatches and returns a diff; the actions only when they
+	// changed since the model was shown them (here they did not).
 	out = mcpOK(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "inc"}, "idempotencyKey": "e2e-inc-1"}))
-	if out.SC["status"] != "dispatched" || mcpPath(out.SC, "stateDiff.0.value") != 1.0 || out.SC["idempotencyKey"] != "e2e-inc-1" || len(mcpVariants(out.SC["actions"])) != 3 {
+	if out.SC["status"] != "dispatched" || mcpPath(out.SC, "stateDiff.0.value") != 1.0 || out.SC["actions"] != nil || out.SC["actionsChanged"] != nil || out.SC["drain"] != nil {
 		t.Fatalf("send_message inc: %s", out.Text)
 	}
 	// Same idempotencyKey: the first outcome, no second dispatch.
@@ -128,23 +135,38 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *lapdtest.Tab, 
 	if out.SC["status"] != "dispatched" || tab.State().(map[string]any)["count"] != 1.0 {
 		t.Fatalf("repeated idempotencyKey dispatched twice: %s; state %v", out.Text, tab.State())
 	}
-	out = mcpOK(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "addTodo", "title": "Buy milk"}}))
-	if out.SC["status"] != "dispatched" || !strings.HasPrefix(mcpString(out.SC["idempotencyKey"]), "mcp_") {
-		t.Fatalf("send_message addTodo: %s", out.Text)
+	out = mcpOK(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "addTodo", "title": "Buy milk"}, "verbose": true}))
+	if out.SC["status"] != "dispatched" || !strings.HasPrefix(mcpString(out.SC["idempotencyKey"]), "mcp_") || len(mcpVariants(out.SC["actions"])) != 3 || out.SC["drain"] == nil {
+		t.Fatalf("send_message addTodo verbose: %s", out.Text)
 	}
 	if got := mcpPath(tab.State(), "todos.0.title"); got != "Buy milk" {
 		t.Fatalf("tab state after addTodo: %v", tab.State())
 	}
 
+	// A batch: dispatched in order, one combined diff, a status per message,
+	// and one audited dispatch per message.
+	out = mcpOK(t, c, "send_message", S(map[string]any{"msgs": []any{
+		map[string]any{"type": "inc"}, map[string]any{"type": "addTodo", "title": "Walk dog"}, map[string]any{"type": "inc"}}}))
+	if out.SC["status"] != "dispatched" || mcpJSON(out.SC["results"]) != `[{"status":"dispatched"},{"status":"dispatched"},{"status":"dispatched"}]` ||
+		mcpPath(tab.State(), "count") != 3.0 || mcpPath(tab.State(), "todos.1.title") != "Walk dog" {
+		t.Fatalf("send_message msgs: %s; tab %v", out.Text, tab.State())
+	}
+	mcpEventually(t, "one msg-dispatched audit entry per message of the batch", func() bool { return mcpAuditedCount(s, "msg-dispatched", m.TID) >= 5 })
+
+	// Refusals are answers, not failures: status rejected with a reason.
 	// Schema error: checked by lapd before any frame reaches the tab.
 	before := tab.RPCCount("send_message")
-	out = mcpCall(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "addTodo"}}))
-	mcpWantError(t, out, "schema-error", "schema")
+	out = mcpOK(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "addTodo"}}))
+	if out.SC["status"] != "rejected" || out.SC["reason"] != "schema-error" || !strings.Contains(mcpString(out.SC["next"]), "errors") {
+		t.Fatalf("schema-error: %s", out.Text)
+	}
 	if errs, _ := out.SC["errors"].([]any); len(errs) == 0 || mcpPath(errs[0], "path") != "/title" {
 		t.Fatalf("schema-error errors: %s", mcpJSON(out.SC))
 	}
 	// Human-only: refused, and the tab receives no rpc for it.
-	mcpWantError(t, mcpCall(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "reset"}})), "human-only", "ask the user")
+	if out = mcpOK(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "reset"}})); out.SC["reason"] != "human-only" || !strings.Contains(mcpString(out.SC["next"]), "ask them") {
+		t.Fatalf("human-only: %s", out.Text)
+	}
 	if got := tab.RPCCount("send_message"); got != before {
 		t.Fatalf("the tab got %d send_message rpcs for refused messages", got-before)
 	}
@@ -152,10 +174,12 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *lapdtest.Tab, 
 		t.Fatalf("a human-only message reached the tab: %v", mcpRPCVariants(tab))
 	}
 	// Unknown variant.
-	mcpWantError(t, mcpCall(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "explode"}})), "invalid")
+	if out = mcpOK(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "explode"}})); out.SC["status"] != "rejected" || out.SC["reason"] != "invalid" {
+		t.Fatalf("unknown variant: %s", out.Text)
+	}
 
-	// Approvals: pending, still pending, approved.
-	out = mcpOK(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "clearAll"}, "timeoutMs": 200}))
+	// Approvals: pending (approvalTimeoutMs 0: return at once), still pending, approved.
+	out = mcpOK(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "clearAll"}, "approvalTimeoutMs": 0}))
 	cid := mcpString(out.SC["confirmId"])
 	if out.SC["status"] != "pending-confirmation" || cid == "" || !strings.Contains(mcpString(out.SC["next"]), cid) {
 		t.Fatalf("send_message clearAll: %s", out.Text)
@@ -174,13 +198,15 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *lapdtest.Tab, 
 	if todos := mcpPath(tab.State(), "todos").([]any); len(todos) != 0 {
 		t.Fatalf("clearAll approved but todos = %v", todos)
 	}
-	// ... and rejected.
-	out = mcpOK(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "clearAll"}, "timeoutMs": 200}))
+	// ... and rejected: an answer, not a failure.
+	out = mcpOK(t, c, "send_message", S(map[string]any{"msg": map[string]any{"type": "clearAll"}, "approvalTimeoutMs": 0}))
 	cid = mcpString(out.SC["confirmId"])
 	if err := tab.Reject(ctxT(t, 10*time.Second), cid); err != nil {
 		t.Fatal(err)
 	}
-	mcpWantError(t, mcpCall(t, c, "get_confirm_result", S(map[string]any{"confirmId": cid})), "user-cancelled", "do not retry")
+	if out = mcpOK(t, c, "get_confirm_result", S(map[string]any{"confirmId": cid})); out.SC["status"] != "rejected" || out.SC["reason"] != "user-cancelled" || !strings.Contains(mcpString(out.SC["next"]), "do not retry") {
+		t.Fatalf("get_confirm_result after reject: %s", out.Text)
+	}
 
 	// wait_for_change: the human changes the state while the model waits.
 	type res struct {
@@ -248,7 +274,9 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *lapdtest.Tab, 
 
 	// Revoked: the user revokes in the app; the next call says so.
 	h, _ = mcpConnect(t, c, m)
-	if st := s.postJSON(t, "/agent/revoke", "", map[string]string{"tid": m.TID}, nil); st != 200 {
+	// (an anonymous session is revoked with proof: this one was minted
+	// without a tab secret, so its token)
+	if st := s.postJSON(t, "/agent/revoke", "", map[string]string{"tid": m.TID, "token": m.Token}, nil); st != 200 {
 		t.Fatalf("revoke: status %d", st)
 	}
 	mcpWantError(t, mcpCall(t, c, "observe", map[string]any{"session": h}), "revoked", "revoked", "connect line")
@@ -259,6 +287,18 @@ func mcpToolSuite(t *testing.T, s *server, c *client.Client, tab *lapdtest.Tab, 
 		}
 		mcpWantError(t, mcpCall(t, c, tool, a), "revoked")
 	}
+}
+
+// mcpAuditedCount counts the server's stdout audit entries of event for tid.
+func mcpAuditedCount(s *server, event, tid string) int {
+	n := 0
+	for _, line := range strings.Split(s.audit.String(), "\n") {
+		var e struct{ Event, TID string }
+		if json.Unmarshal([]byte(line), &e) == nil && e.Event == event && e.TID == tid {
+			n++
+		}
+	}
+	return n
 }
 
 func mcpVariants(actions any) []string {

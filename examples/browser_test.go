@@ -62,11 +62,12 @@ func (f *fakeLapd) routes(srvURL func() string) http.Handler {
 	})
 	mux.HandleFunc("/agent/ws", func(w http.ResponseWriter, r *http.Request) {
 		f.wsTries.Add(1)
-		if r.URL.Query().Get("token") != "agt_browsertest" {
+		// lapd.js carries the token as a sub-protocol entry, never in the URL.
+		if !strings.Contains(r.Header.Get("Sec-WebSocket-Protocol"), "lapd.token.agt_browsertest") || r.URL.RawQuery != "" {
 			http.Error(w, `{"error":{"code":"auth-failed"}}`, http.StatusUnauthorized)
 			return
 		}
-		c, err := websocket.Accept(w, r, nil)
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{"lapd.v2"}})
 		if err != nil {
 			return
 		}

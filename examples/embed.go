@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -90,6 +91,12 @@ func (s *saver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"board": board, "savedAt": at})
 	case http.MethodPost:
+		// A cross-site page may POST a form or a no-cors fetch here: only
+		// the demo's own origin (or a client with no Origin) may save.
+		if o := r.Header.Get("Origin"); o != "" && !sameOrigin(o, r) {
+			writeJSON(w, http.StatusForbidden, errBody("forbidden-origin", "only the demo page itself may save the board"))
+			return
+		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxSaveBytes))
 		if err != nil {
 			writeJSON(w, http.StatusRequestEntityTooLarge, errBody("payload-too-large", "the board is over 256 KiB"))
@@ -118,6 +125,15 @@ func (s *saver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "GET, POST")
 		writeJSON(w, http.StatusMethodNotAllowed, errBody("method-not-allowed", ""))
 	}
+}
+
+// sameOrigin reports whether origin is the request's own http(s)://Host.
+func sameOrigin(origin string, r *http.Request) bool {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return strings.EqualFold(origin, scheme+"://"+r.Host)
 }
 
 func errBody(code, detail string) map[string]any {

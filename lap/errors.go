@@ -3,7 +3,9 @@ package lap
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 )
@@ -34,10 +36,22 @@ type apiError struct {
 	retryAfter  int64  // ms; >0 adds retryAfterMs and a Retry-After header (seconds, rounded up)
 	reconnect   string // 503 paused only
 	retryAfterS int    // explicit Retry-After seconds (paused); overrides retryAfter's header
+	// invalidToken marks a 401 for a bearer that was presented but is not
+	// valid (RFC 6750 error="invalid_token").
+	invalidToken bool
 }
 
 func errf(status int, code, detail string) *apiError {
 	return &apiError{status: status, code: code, detail: detail}
+}
+
+// bodyReadError maps a failed request body read: the read deadline (the body
+// trickled in too slowly, or the server is shutting down) is 408 timeout.
+func bodyReadError(err error) *apiError {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return errf(http.StatusRequestTimeout, CodeTimeout, "the request body did not arrive in time; send it in one go")
+	}
+	return errf(http.StatusBadRequest, CodeInvalid, "reading body: "+err.Error())
 }
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -66,6 +80,13 @@ func writeError(w http.ResponseWriter, e *apiError) {
 	}
 	if e.reconnect != "" {
 		h.Set("X-LLui-Reconnect", e.reconnect)
+	}
+	if e.status == http.StatusUnauthorized { // RFC 7235 §3.1, RFC 6750 §3
+		c := `Bearer realm="lapd"`
+		if e.invalidToken {
+			c += `, error="invalid_token"`
+		}
+		h.Set("WWW-Authenticate", c)
 	}
 	switch {
 	case e.retryAfterS > 0:

@@ -59,6 +59,15 @@ func (s *Server) serveLAP(w http.ResponseWriter, r *http.Request, route string, 
 
 // lapCall runs the gate and the route and returns the status written.
 func (s *Server) lapCall(w http.ResponseWriter, r *http.Request, ctx context.Context, route string, h lapHandler) int {
+	if r.Method != http.MethodPost {
+		// The reference answers GET with a null body; every LAP client
+		// (its bridge included) POSTs.
+		e := errf(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "LAP routes take POST with a JSON body")
+		w.Header().Set("Allow", http.MethodPost)
+		s.auditRefusal(ctx, "", s.cfg.BasePath+route, e)
+		writeError(w, e)
+		return e.status
+	}
 	if !s.enter() {
 		writeError(w, errShuttingDown)
 		return errShuttingDown.status
@@ -91,9 +100,8 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		return nil, errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
 	}
 	// 2. bearer
-	auth := c.r.Header.Get("Authorization")
-	token, ok := strings.CutPrefix(auth, "Bearer ")
-	if !ok || token == "" {
+	token, ok := BearerToken(c.r.Header.Get("Authorization"))
+	if !ok {
 		return nil, errf(http.StatusUnauthorized, CodeAuthFailed, "missing bearer token")
 	}
 	rec, err := s.cfg.Tokens.Verify(c.ctx, token)
@@ -102,7 +110,7 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		c.tid = rec.TID
 		return nil, errf(http.StatusForbidden, CodeRevoked, detailRevoked)
 	case errors.Is(err, tokens.ErrMalformed), errors.Is(err, tokens.ErrUnknown), errors.Is(err, tokens.ErrExpired), errors.Is(err, tokens.ErrNotFound):
-		return nil, errf(http.StatusUnauthorized, CodeAuthFailed, "")
+		return nil, &apiError{status: http.StatusUnauthorized, code: CodeAuthFailed, invalidToken: true}
 	case err != nil:
 		if c.ctx.Err() != nil {
 			return nil, errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled")
@@ -129,10 +137,13 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 	if c.r.Body != nil && c.r.Body != http.NoBody {
 		b, err := io.ReadAll(io.LimitReader(c.r.Body, s.cfg.MaxBody+1))
 		if err != nil {
-			return nil, errf(http.StatusBadRequest, CodeInvalid, "reading body: "+err.Error())
+			return nil, bodyReadError(err)
 		}
 		if int64(len(b)) > s.cfg.MaxBody {
 			return nil, errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+		}
+		if e := checkJSON(b); e != nil {
+			return nil, e
 		}
 		c.body = b
 	}
@@ -161,8 +172,28 @@ func (c *call) finish() {
 
 var activeFrame = json.RawMessage(`{"t":"active"}`)
 
-// decode unmarshals the body into v; an absent or malformed body, or one that
-// is not a JSON object, leaves v zero (the reference reads it as null).
+// BearerToken returns the credentials of an "Authorization: Bearer <token>"
+// header value; the scheme is matched case-insensitively (RFC 7235).
+func BearerToken(h string) (string, bool) {
+	if len(h) < 7 || !strings.EqualFold(h[:7], "bearer ") {
+		return "", false
+	}
+	t := strings.TrimSpace(h[7:])
+	return t, t != ""
+}
+
+// checkJSON refuses a body that is not valid JSON (400 invalid). An empty
+// body passes: every route's fields are optional or checked by the route.
+func checkJSON(b []byte) *apiError {
+	if t := trimSpace(b); len(t) > 0 && !json.Valid(t) {
+		return errf(http.StatusBadRequest, CodeInvalid, "the body is not valid JSON; send a JSON object such as {}")
+	}
+	return nil
+}
+
+// decode unmarshals the body into v; an absent body, or a valid one that is
+// not a JSON object, leaves v zero (the reference reads it as null). Invalid
+// JSON never gets here (the gate answers 400).
 func (c *call) decode(v any) {
 	if len(c.body) == 0 {
 		return

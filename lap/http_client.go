@@ -25,13 +25,19 @@ type HTTPClient struct {
 
 var _ Client = (*HTTPClient)(nil)
 
-// NewHTTPClient returns a Client using hc (nil = http.DefaultClient). Budgets
-// come from the ctx of each Call.
+// NewHTTPClient returns a Client using hc (nil = a plain http.Client).
+// Budgets come from the ctx of each Call. Redirects are not followed (a LAP
+// server never redirects, and following one would carry the bearer to
+// wherever it points), unless hc sets its own CheckRedirect.
 func NewHTTPClient(hc *http.Client) *HTTPClient {
-	if hc == nil {
-		hc = http.DefaultClient
+	c := http.Client{}
+	if hc != nil {
+		c = *hc
 	}
-	return &HTTPClient{hc: hc}
+	if c.CheckRedirect == nil {
+		c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	}
+	return &HTTPClient{hc: &c}
 }
 
 // Call implements Client.
@@ -71,7 +77,22 @@ func (c *HTTPClient) Call(ctx context.Context, base, token, route string, body a
 	if len(b) > MaxResponse {
 		return nil, &Error{Status: resp.StatusCode, Code: "network", Detail: fmt.Sprintf("response over %d bytes", MaxResponse)}
 	}
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 && !jsonBody(resp.Header, b) {
+		return nil, &Error{Status: resp.StatusCode, Code: "network", Detail: notLAP(resp.StatusCode)}
+	}
 	return parseResponse(resp.StatusCode, resp.Header, b)
+}
+
+// jsonBody reports whether a response is JSON (as every LAP answer is).
+func jsonBody(h http.Header, b []byte) bool {
+	ct := strings.ToLower(h.Get("Content-Type"))
+	return strings.HasPrefix(ct, "application/json") && json.Valid(b)
+}
+
+// notLAP says a response was not LAP, without repeating it: a URL that
+// points elsewhere must not turn its body into text the model reads.
+func notLAP(status int) string {
+	return "HTTP " + strconv.Itoa(status) + " that is not a LAP response; is the url the app's LAP base (…/agent/lap/v1)?"
 }
 
 // parseResponse turns a LAP HTTP response into the body or a *Error.
@@ -90,10 +111,8 @@ func parseResponse(status int, h http.Header, b []byte) (json.RawMessage, error)
 	_ = json.Unmarshal(b, &env)
 	e := &Error{Status: status, Code: env.Error.Code, Detail: env.Error.Detail, Reconnect: env.Error.Reconnect}
 	if e.Code == "" {
-		e.Code = CodeInternal
-		if e.Detail == "" {
-			e.Detail = strings.TrimSpace(string(b[:min(len(b), 200)]))
-		}
+		// Not the LAP error envelope: say so, never repeat the body.
+		e.Code, e.Detail = CodeInternal, notLAP(status)
 	}
 	if v := h.Get("X-LLui-Reconnect"); v != "" {
 		e.Reconnect = v

@@ -152,7 +152,10 @@ func (j *JWTIdentity) Resolve(r *http.Request) (string, error) {
 			raw = ck.Value
 		}
 	} else {
-		raw = strings.TrimPrefix(r.Header.Get(j.cfg.Header), "Bearer ")
+		raw = r.Header.Get(j.cfg.Header)
+		if t, ok := BearerToken(raw); ok {
+			raw = t
+		}
 	}
 	if raw == "" {
 		return "", nil

@@ -106,14 +106,19 @@ func TestLimiter(t *testing.T) {
 	if ok, _ := l.allow("a"); !ok {
 		t.Error("not refilled")
 	}
+	l.allow("a") // a: empty bucket, most recently used
 	l.allow("b")
 	l.allow("c")
-	if ok, _ := l.allow("d"); ok {
-		t.Error("key cap not enforced")
+	if ok, _ := l.allow("d"); !ok { // table full: the LRU ("a") makes room
+		t.Error("a new key was refused on a full table")
+	}
+	if len(l.m) != 3 || l.m["a"] != nil || l.evicted.Load() != 1 {
+		t.Errorf("keys %d, a kept %v, evicted %d", len(l.m), l.m["a"] != nil, l.evicted.Load())
 	}
 	now = now.Add(time.Minute) // everything idle: swept
-	if ok, _ := l.allow("d"); !ok {
-		t.Error("idle keys not swept")
+	l.allow("e")
+	if len(l.m) != 1 {
+		t.Errorf("idle keys not swept: %d left", len(l.m))
 	}
 }
 

@@ -170,6 +170,45 @@ func TestConfirmApproveInLongPoll(t *testing.T) {
 	}
 }
 
+// approvalTimeoutMs (a lapd addition) separates the human's time from the
+// drain timeout: 0 answers pending-confirmation at once even with a long
+// timeoutMs, and a long one waits for the approval with a short timeoutMs.
+func TestApprovalTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, tab := confirmTab(e)
+	start := time.Now()
+	r := e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":60000,"approvalTimeoutMs":0}`)
+	if m := r.json(t); m["status"] != "pending-confirmation" || time.Since(start) > 30*time.Second {
+		t.Fatalf("approvalTimeoutMs 0: %s after %v", r.body, time.Since(start))
+	}
+	first := r.json(t)["confirmId"].(string)
+	if err := tab.Reject(ctxT(t), first); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan resp, 1)
+	go func() {
+		done <- e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":1,"approvalTimeoutMs":30000}`)
+	}()
+	var id string
+	for deadline := time.Now().Add(10 * time.Second); id == "" || id == first; time.Sleep(time.Millisecond) {
+		// the tab records the pending entry before replying; no frame to wait on
+		if ids := tab.PendingConfirms(); len(ids) == 1 {
+			id = ids[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second clearAll was never proposed")
+		}
+	}
+	waitPending(t, e, id)
+	if err := tab.Approve(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; !strings.Contains(string(r.body), `"status":"confirmed"`) {
+		t.Fatalf("approvalTimeoutMs 30000 with timeoutMs 1: %s", r.body)
+	}
+}
+
 func waitPending(t *testing.T, e *env, id string) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/clientip"
 	"github.com/lapd-dev/lapd/pairing"
 	"github.com/lapd-dev/lapd/tokens"
 )
@@ -29,8 +30,13 @@ type metaCall struct {
 	r      *http.Request
 	ctx    context.Context
 	uid    string
-	origin string // the request URL's origin (scheme://host)
-	body   []byte
+	origin string // the request URL's origin (scheme://host): lapd's own, for the URLs handed out
+	// page is the origin of the page that calls (the browser's Origin
+	// header, which corsHeaders has allowed; the request's origin when
+	// there is none). A session is bound to it: only a page of the same
+	// origin may claim it.
+	page string
+	body []byte
 }
 
 var metaRoutes = map[string]metaHandler{
@@ -58,11 +64,17 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 	}
 	defer s.leave()
 	if r.Method != h.method {
+		e := errf(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "use "+h.method)
 		w.Header().Set("Allow", h.method)
-		writeError(w, errf(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "use "+h.method))
+		s.auditRefusal(r.Context(), "", path, e)
+		writeError(w, e)
 		return
 	}
 	m := &metaCall{r: r, ctx: r.Context(), origin: s.requestOrigin(r)}
+	m.page = m.origin
+	if o := strings.TrimRight(r.Header.Get("Origin"), "/"); o != "" {
+		m.page = o
+	}
 	if s.cfg.Identity != nil {
 		uid, err := s.cfg.Identity.Resolve(r)
 		if err != nil {
@@ -81,7 +93,14 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 		b, err := io.ReadAll(io.LimitReader(r.Body, MaxMetaBody+1))
 		if err != nil || len(b) > MaxMetaBody {
 			e := errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+			if err != nil {
+				e = bodyReadError(err)
+			}
 			s.auditRefusal(m.ctx, "", path, e)
+			writeError(w, e)
+			return
+		}
+		if e := checkJSON(b); e != nil {
 			writeError(w, e)
 			return
 		}
@@ -134,23 +153,39 @@ func (s *Server) rateKey(m *metaCall) string {
 	if m.uid != "" {
 		return "uid:" + m.uid
 	}
-	return "ip:" + clientIP(m.r, s.cfg.TrustProxy)
+	// IPv6 callers are counted per /64: one subscriber holds a whole /64.
+	return "ip:" + clientip.KeyOf(m.r, s.cfg.TrustProxy)
 }
 
 func (s *Server) mint(m *metaCall) (any, *apiError) {
 	if m.uid == "" && !s.cfg.AllowAnonymous {
 		return nil, errf(http.StatusUnauthorized, CodeAuthRequired, "sign in to the app first (anonymous mint is disabled)")
 	}
+	var b struct {
+		Tab bool `json:"tab"` // lapd's addition: also mint a tab secret
+	}
+	_ = json.Unmarshal(m.body, &b)
 	if ok, ms := s.mintRate.allow(s.rateKey(m)); !ok {
 		return nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: ms}
 	}
-	token, rec, err := s.cfg.Tokens.Mint(m.ctx, m.uid, m.origin, "")
+	var token, tab string
+	var rec tokens.Record
+	var err error
+	if b.Tab {
+		token, tab, rec, err = s.cfg.Tokens.MintTab(m.ctx, m.uid, m.page, "")
+	} else {
+		token, rec, err = s.cfg.Tokens.Mint(m.ctx, m.uid, m.page, "")
+	}
 	if err != nil {
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "mint failed")
 	}
-	s.audit(m.ctx, rec.TID, m.uid, audit.EventMint, map[string]any{"origin": m.origin})
+	s.audit(m.ctx, rec.TID, m.uid, audit.EventMint, map[string]any{"origin": m.page, "tabSecret": b.Tab})
 	ws, lapURL := s.urls(m.origin)
-	return map[string]any{"token": token, "tid": rec.TID, "wsUrl": ws, "lapUrl": lapURL, "expiresAt": rec.ExpiresAt, "lapVersion": pairing.LapVersion}, nil
+	res := map[string]any{"token": token, "tid": rec.TID, "wsUrl": ws, "lapUrl": lapURL, "expiresAt": rec.ExpiresAt, "lapVersion": pairing.LapVersion}
+	if tab != "" {
+		res["tabSecret"] = tab
+	}
+	return res, nil
 }
 
 // AgentSession is the wire shape of a session in resume/list and sessions.
@@ -203,6 +238,20 @@ func tidOf(body []byte) (string, bool) {
 	return tid, ok && tid != ""
 }
 
+// ownerOf is who a claim or revoke comes from: the identity's uid plus the
+// proof the body carries (tabSecret, or token), which an anonymous session
+// needs (tokens.Owner).
+func ownerOf(m *metaCall) tokens.Owner {
+	var b struct {
+		TabSecret json.RawMessage `json:"tabSecret"`
+		Token     json.RawMessage `json:"token"`
+	}
+	_ = json.Unmarshal(m.body, &b)
+	tab, _ := optString(b.TabSecret)
+	tok, _ := optString(b.Token)
+	return tokens.Owner{UID: m.uid, TabSecret: tab, Token: tok}
+}
+
 func (s *Server) resumeClaim(m *metaCall) (any, *apiError) {
 	tid, ok := tidOf(m.body)
 	if !ok {
@@ -211,17 +260,25 @@ func (s *Server) resumeClaim(m *metaCall) (any, *apiError) {
 	if ok, ms := s.mintRate.allow(s.rateKey(m)); !ok {
 		return nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: ms}
 	}
-	token, rec, err := s.cfg.Tokens.Claim(m.ctx, tid, m.uid, m.origin)
+	token, tab, rec, err := s.cfg.Tokens.Claim(m.ctx, tid, m.page, ownerOf(m))
 	if err != nil {
 		if errors.Is(err, tokens.ErrForbidden) || errors.Is(err, tokens.ErrNotFound) || errors.Is(err, tokens.ErrExpired) || errors.Is(err, tokens.ErrRevoked) {
-			return nil, errf(http.StatusForbidden, CodeRevoked, "")
+			detail := ""
+			if m.uid == "" {
+				detail = "an anonymous session is claimed with its tabSecret (or, minted without one, its token), from the page that minted it, inside its grace window"
+			}
+			return nil, errf(http.StatusForbidden, CodeRevoked, detail)
 		}
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "claim failed")
 	}
 	s.idem.drop(tid)
-	s.audit(m.ctx, tid, m.uid, audit.EventClaim, map[string]any{"origin": m.origin})
+	s.audit(m.ctx, tid, m.uid, audit.EventClaim, map[string]any{"origin": m.page})
 	ws, lapURL := s.urls(m.origin)
-	return map[string]any{"token": token, "tid": rec.TID, "wsUrl": ws, "lapUrl": lapURL, "expiresAt": rec.ExpiresAt}, nil
+	res := map[string]any{"token": token, "tid": rec.TID, "wsUrl": ws, "lapUrl": lapURL, "expiresAt": rec.ExpiresAt}
+	if tab != "" {
+		res["tabSecret"] = tab
+	}
+	return res, nil
 }
 
 func (s *Server) revoke(m *metaCall) (any, *apiError) {
@@ -229,12 +286,13 @@ func (s *Server) revoke(m *metaCall) (any, *apiError) {
 	if !ok {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, "tid required")
 	}
-	if err := s.revokeAs(m.ctx, tid, m.uid); err != nil {
+	by := ownerOf(m)
+	if err := s.revokeAs(m.ctx, tid, func() (tokens.Record, error) { return s.cfg.Tokens.Revoke(m.ctx, tid, by) }); err != nil {
 		if errors.Is(err, tokens.ErrForbidden) || errors.Is(err, tokens.ErrNotFound) {
 			// Unknown and someone else's answer alike, so a tid's existence
 			// is not revealed. (The reference answers 403 revoked, which
 			// reads like success although nothing was revoked.)
-			return nil, errf(http.StatusNotFound, CodeNotFound, "no session "+quoteTID(tid)+" that you may revoke: nothing was revoked; pass the tid from the mint response (GET /agent/sessions lists yours)")
+			return nil, errf(http.StatusNotFound, CodeNotFound, "no session "+quoteTID(tid)+" that you may revoke: nothing was revoked; pass the tid from the mint response (GET /agent/sessions lists yours), and for an anonymous session its tabSecret (or, minted without one, its token)")
 		}
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "revoke failed")
 	}
@@ -247,21 +305,17 @@ func (s *Server) revoke(m *metaCall) (any, *apiError) {
 // is audited. tokens.ErrForbidden if tid is unknown; revoking twice is not an
 // error.
 func (s *Server) Revoke(ctx context.Context, tid string) error {
-	rec, err := s.cfg.Tokens.Get(ctx, tid)
-	if err != nil {
-		if errors.Is(err, tokens.ErrNotFound) {
-			return tokens.ErrForbidden
-		}
-		return err
-	}
-	return s.revokeAs(ctx, tid, rec.UID)
+	return s.revokeAs(ctx, tid, func() (tokens.Record, error) { return s.cfg.Tokens.RevokeAny(ctx, tid) })
 }
 
-// revokeAs revokes tid as uid (the record's owner must be uid).
-func (s *Server) revokeAs(ctx context.Context, tid, uid string) error {
-	if _, err := s.cfg.Tokens.Revoke(ctx, tid, uid); err != nil {
+// revokeAs runs revoke (the token manager's, which checks who may) and then
+// ends the session's live parts; the audit entry names the record's owner.
+func (s *Server) revokeAs(ctx context.Context, tid string, revoke func() (tokens.Record, error)) error {
+	rec, err := revoke()
+	if err != nil {
 		return err
 	}
+	uid := rec.UID
 	s.cfg.Registry.Unregister(tid)
 	s.onClosed(tid)
 	s.cfg.Confirm.Drop(context.WithoutCancel(ctx), tid)

@@ -1,33 +1,42 @@
 package lap
 
 import (
+	"container/list"
 	"math"
-	"net"
 	"net/http"
-	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/lapd-dev/lapd/internal/clientip"
 )
 
 // DefaultMaxRateKeys caps how many keys a limiter tracks at once.
 const DefaultMaxRateKeys = 100_000
 
-// limiter is a set of token buckets keyed by a string (tid, uid or client IP).
-// Idle buckets (full again) are swept lazily; over maxKeys a new key is
-// refused rather than growing the map.
+// limiter is a set of token buckets keyed by a string (tid, uid or client
+// IP), in least-recently-used order. A bucket idle long enough to be full
+// again is forgotten (that changes nothing). Over maxKeys the least recently
+// used bucket is evicted to make room: a new key is never refused for want of
+// room, so a flood of distinct keys cannot lock everyone else out. The most a
+// flood buys is a fresh bucket for a key it pushed out, and pushing one out
+// takes maxKeys requests from distinct keys after that key's last request.
 type limiter struct {
-	limit     rate.Limit
-	burst     int
-	maxKeys   int
-	clock     func() time.Time
-	mu        sync.Mutex
-	m         map[string]*bucket
-	lastSweep time.Time
+	limit   rate.Limit
+	burst   int
+	maxKeys int
+	clock   func() time.Time
+
+	mu      sync.Mutex
+	m       map[string]*list.Element // of *bucket
+	lru     *list.List               // front = most recently used
+	evicted atomic.Int64             // buckets pushed out while not yet full
 }
 
 type bucket struct {
+	key  string
 	lim  *rate.Limiter
 	last time.Time
 }
@@ -36,7 +45,7 @@ func newLimiter(l rate.Limit, burst, maxKeys int, clock func() time.Time) *limit
 	if maxKeys <= 0 {
 		maxKeys = DefaultMaxRateKeys
 	}
-	return &limiter{limit: l, burst: burst, maxKeys: maxKeys, clock: clock, m: map[string]*bucket{}}
+	return &limiter{limit: l, burst: burst, maxKeys: maxKeys, clock: clock, m: map[string]*list.Element{}, lru: list.New()}
 }
 
 // refill is how long an idle bucket takes to be full again (it can then be
@@ -60,22 +69,29 @@ func (l *limiter) allow(key string) (ok bool, retryAfterMs int64) {
 	now := l.clock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if now.Sub(l.lastSweep) > l.refill() {
-		l.lastSweep = now
-		idle := l.refill()
-		for k, b := range l.m {
-			if now.Sub(b.last) > idle {
-				delete(l.m, k)
-			}
+	// Forget idle (full again) buckets, oldest first: O(forgotten).
+	idle := l.refill()
+	for e := l.lru.Back(); e != nil; e = l.lru.Back() {
+		b := e.Value.(*bucket)
+		if now.Sub(b.last) <= idle {
+			break
 		}
+		l.lru.Remove(e)
+		delete(l.m, b.key)
 	}
-	b := l.m[key]
-	if b == nil {
-		if len(l.m) >= l.maxKeys {
-			return false, l.refill().Milliseconds()
+	var b *bucket
+	if e := l.m[key]; e != nil {
+		b = e.Value.(*bucket)
+		l.lru.MoveToFront(e)
+	} else {
+		for l.lru.Len() >= l.maxKeys {
+			old := l.lru.Back()
+			l.lru.Remove(old)
+			delete(l.m, old.Value.(*bucket).key)
+			l.evicted.Add(1)
 		}
-		b = &bucket{lim: rate.NewLimiter(l.limit, l.burst)}
-		l.m[key] = b
+		b = &bucket{key: key, lim: rate.NewLimiter(l.limit, l.burst)}
+		l.m[key] = l.lru.PushFront(b)
 	}
 	b.last = now
 	if b.lim.AllowN(now, 1) {
@@ -94,26 +110,5 @@ func (l *limiter) allow(key string) (ok bool, retryAfterMs int64) {
 	return false, ms
 }
 
-// clientIP is the caller's address: with trustProxy = n > 0 the n-th entry
-// from the end of X-Forwarded-For (ignored when the chain is shorter), else
-// the socket's remote host.
-func clientIP(r *http.Request, trustProxy int) string {
-	if trustProxy > 0 {
-		var hops []string
-		for _, v := range r.Header.Values("X-Forwarded-For") {
-			for _, p := range strings.Split(v, ",") {
-				if p = strings.TrimSpace(p); p != "" {
-					hops = append(hops, p)
-				}
-			}
-		}
-		if len(hops) >= trustProxy {
-			return hops[len(hops)-trustProxy]
-		}
-	}
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
+// clientIP is the caller's address (see clientip.Of).
+func clientIP(r *http.Request, trustProxy int) string { return clientip.Of(r, trustProxy) }

@@ -22,6 +22,9 @@ type messageBody struct {
 	TimeoutMs      json.RawMessage `json:"timeoutMs"`
 	IncludeState   json.RawMessage `json:"includeState"`
 	IdempotencyKey json.RawMessage `json:"idempotencyKey"`
+	// ApprovalTimeoutMs (lapd addition) is how long an action that needs
+	// the user's approval waits for it; default timeoutMs, 0 = not at all.
+	ApprovalTimeoutMs json.RawMessage `json:"approvalTimeoutMs"`
 }
 
 // msgType returns msg.type when msg is an object with a string type.
@@ -182,7 +185,7 @@ func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "recording the approval: "+err.Error())
 	}
 	c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventConfirmProposed, map[string]any{"variant": variant, "confirmId": out.ConfirmID})
-	body, done := c.awaitConfirm(out.ConfirmID, variant, wait)
+	body, done := c.awaitConfirm(out.ConfirmID, variant, timeoutMs(b.ApprovalTimeoutMs, wait))
 	if !done {
 		return map[string]any{"status": "pending-confirmation", "confirmId": out.ConfirmID}, nil
 	}

@@ -54,9 +54,9 @@ func TestRoutesSuccess(t *testing.T) {
 			}
 		}
 	}
-	// GET works on LAP routes (reference quirk)
-	if r := e.do("GET", "/agent/lap/v1/actions", token, ""); r.status != 200 {
-		t.Errorf("GET /actions: %d", r.status)
+	// GET is refused on LAP routes (the reference answers it with a null body)
+	if r := e.do("GET", "/agent/lap/v1/actions", token, ""); r.status != 405 || r.header.Get("Allow") != "POST" || r.code() != "method-not-allowed" {
+		t.Errorf("GET /actions: %d %v %s", r.status, r.header, r.body)
 	}
 	if n := len(e.sink.events(audit.EventLapCall)); n < len(tests) {
 		t.Errorf("lap-call audited %d times, want ≥ %d", n, len(tests))
@@ -73,7 +73,7 @@ func TestRoutesBadRequests(t *testing.T) {
 		{"/state", `{"path":5}`, "path must be a string"},
 		{"/query-state", `{}`, "path required"},
 		{"/message", `{"msg":{"type":1}}`, "msg.type must be a string"},
-		{"/message", `not json`, "msg.type must be a string"},
+		{"/message", `not json`, "not valid JSON"},
 		{"/message", `{"msg":{"type":"inc"},"idempotencyKey":"` + strings.Repeat("k", 201) + `"}`, "idempotencyKey"},
 		{"/narrate", `{"text":""}`, "text required"},
 		{"/narrate", `{}`, "text required"},
@@ -396,7 +396,7 @@ func TestWaitEndsWithAdvice(t *testing.T) {
 		}
 		want := "retry in a few seconds"
 		if how == "revoked" {
-			if r := e.do("POST", "/agent/revoke", "", `{"tid":"`+tid+`"}`); r.status != 200 {
+			if r := e.do("POST", "/agent/revoke", "", `{"tid":"`+tid+`","token":"`+token+`"}`); r.status != 200 {
 				t.Fatalf("revoke: %d %s", r.status, r.body)
 			}
 			want = "new connect line"

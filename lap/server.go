@@ -77,7 +77,7 @@ type Config struct {
 	LAPBurst    int        // default 30
 	MintRate    rate.Limit // per uid (or client IP when anonymous) for mint and resume/claim; default 30/min
 	MintBurst   int        // default 30
-	MaxRateKeys int        // keys per limiter; default 100,000 (over it new keys get 429)
+	MaxRateKeys int        // keys per limiter; default 100,000 (over it the least recently used key is forgotten)
 
 	Identity       IdentityResolver // nil = everyone is anonymous
 	AllowAnonymous bool             // mint without an identity; default false (401 auth-required)

@@ -57,10 +57,17 @@
 // A refused dial returns a *DialError with the HTTP status and body (lapd
 // refuses a bad token before the upgrade); a refused mint a *MintError.
 //
+// Like lapd.js, Mint asks for a tab secret ({"tab":true}) and Session.Pair
+// presents it: such a session's socket opens only with it, so a test that
+// plays the LLM side with sess.Token alone (Dial without WithTabSecret) is
+// refused, as the real LLM side is. The token and the secret go in
+// Sec-WebSocket-Protocol entries; WithTokenInQuery dials as the reference
+// client does (?token=, no tab secret).
+//
 // # Staying connected
 //
 // Dial connects once. Keep keeps a session's tab paired the way lapd.js
-// does: it reconnects after a server restart or a dropped connection with
+// does (pass WithTabSecret(sess.TabSecret) among its options): it reconnects after a server restart or a dropped connection with
 // lapd.js's backoff (Backoff: 1, 2, 4, 8, 16, then 30 s; GiveUp after 5
 // minutes), carries the app's state over, and stops with an *EndedError
 // when the session is revoked, superseded or refused. examples/gotab is a

@@ -36,7 +36,7 @@ func TestKeepAcrossRestarts(t *testing.T) {
 	tabs := make(chan *lapdtest.Tab, 4)
 	ended := make(chan error, 1)
 	go func() {
-		ended <- lapdtest.Keep(ctx, sess.WSURL, sess.Token, func(tb *lapdtest.Tab) { tabs <- tb }, lapdtest.WithApp(todoApp()))
+		ended <- lapdtest.Keep(ctx, sess.WSURL, sess.Token, func(tb *lapdtest.Tab) { tabs <- tb }, lapdtest.WithApp(todoApp()), lapdtest.WithTabSecret(sess.TabSecret))
 	}()
 	next := func() *lapdtest.Tab {
 		t.Helper()

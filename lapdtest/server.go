@@ -185,7 +185,8 @@ func (s *Server) Pair(ctx context.Context, opts ...Option) (*Tab, Session, error
 
 // Session is the body of a successful mint.
 type Session struct {
-	Token     string `json:"token"`     // agt_…: the bearer for LAP, the WebSocket and connect_session
+	Token     string `json:"token"`     // agt_…: the bearer for LAP and connect_session (what the LLM side gets)
+	TabSecret string `json:"tabSecret"` // tab_…: the tab's own credential for its WebSocket; never given to the LLM side
 	TID       string `json:"tid"`       // the session id
 	WSURL     string `json:"wsUrl"`     // where the tab connects
 	LapURL    string `json:"lapUrl"`    // the LAP base URL for connect_session
@@ -198,9 +199,10 @@ func (s Session) ConnectLine() string {
 	return "Connect to my app with lapd: connect_session url=" + s.LapURL + " token=" + s.Token
 }
 
-// Pair connects a tab to the session's WebSocket.
+// Pair connects a tab to the session's WebSocket with its token and tab
+// secret.
 func (s Session) Pair(ctx context.Context, opts ...Option) (*Tab, error) {
-	return Dial(ctx, s.WSURL, s.Token, opts...)
+	return Dial(ctx, s.WSURL, s.Token, append([]Option{WithTabSecret(s.TabSecret)}, opts...)...)
 }
 
 // MintError is a refused mint.
@@ -213,8 +215,9 @@ func (e *MintError) Error() string {
 	return fmt.Sprintf("lapdtest: mint refused: status %d %s", e.Status, strings.TrimSpace(string(e.Body)))
 }
 
-// Mint POSTs to mintURL (a lapd's {Prefix}/mint, e.g.
-// http://127.0.0.1:8080/agent/mint) with hc, nil meaning
+// Mint POSTs {"tab":true} to mintURL (a lapd's {Prefix}/mint, e.g.
+// http://127.0.0.1:8080/agent/mint), as lapd.js does, so the session has a
+// tab secret (Session.TabSecret; Session.Pair presents it), with hc, nil meaning
 // http.DefaultClient. To mint as a logged-in user of your app, give hc a
 // cookie jar holding your app's session (or a Transport that adds it). A
 // refusal is a *MintError.
@@ -222,7 +225,7 @@ func Mint(ctx context.Context, hc *http.Client, mintURL string) (Session, error)
 	if hc == nil {
 		hc = http.DefaultClient
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, mintURL, strings.NewReader("{}"))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, mintURL, strings.NewReader(`{"tab":true}`))
 	if err != nil {
 		return Session{}, fmt.Errorf("lapdtest: mint: %w", err)
 	}

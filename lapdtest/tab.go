@@ -99,18 +99,19 @@ func (e *DialError) Unwrap() error { return e.Err }
 type Option func(*config)
 
 type config struct {
-	hello       Hello
-	sendHello   bool
-	waitAck     bool
-	state       any
-	reducer     Reducer
-	actions     []Action
-	handlers    map[string]Handler
-	header      http.Header
-	logAppend   bool
-	subprotocol bool
-	readLimit   int64
-	schemas     map[string]*jsonschema.Schema
+	hello      Hello
+	sendHello  bool
+	waitAck    bool
+	state      any
+	reducer    Reducer
+	actions    []Action
+	handlers   map[string]Handler
+	header     http.Header
+	logAppend  bool
+	tabSecret  string
+	queryToken bool
+	readLimit  int64
+	schemas    map[string]*jsonschema.Schema
 }
 
 // WithHello edits the hello frame before it is sent.
@@ -124,6 +125,14 @@ func WithPolicy(raw json.RawMessage) Option { return func(c *config) { c.hello.P
 
 // WithLapVersion sets hello.lapVersion (0 = omitted).
 func WithLapVersion(v int) Option { return func(c *config) { c.hello.LapVersion = v } }
+
+// WithTabSecret presents the session's tab secret (Session.TabSecret), as
+// lapd.js does: a session minted with one opens its socket only with it.
+func WithTabSecret(secret string) Option { return func(c *config) { c.tabSecret = secret } }
+
+// WithTokenInQuery sends the token as ?token= (the reference client's form)
+// instead of the Sec-WebSocket-Protocol entry lapd.js uses.
+func WithTokenInQuery() Option { return func(c *config) { c.queryToken = true } }
 
 // WithoutHello skips the hello (and the wait for hello-ack).
 func WithoutHello() Option { return func(c *config) { c.sendHello = false; c.waitAck = false } }
@@ -229,7 +238,9 @@ type pendingConfirm struct {
 	msg     map[string]any
 }
 
-// Dial connects to wsURL (ws:// or http://; the token goes in ?token=).
+// Dial connects to wsURL (ws:// or http://) as lapd.js does: the token in a
+// Sec-WebSocket-Protocol entry "lapd.token.<token>" beside "lapd.v2" (plus
+// "lapd.tab.<secret>" with WithTabSecret), never in the URL.
 func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error) {
 	c := config{
 		hello: Hello{
@@ -267,12 +278,19 @@ func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error
 	case "https":
 		u.Scheme = "wss"
 	}
-	if token != "" {
+	protocols := []string{"lapd.v2"}
+	switch {
+	case token != "" && c.queryToken:
 		q := u.Query()
 		q.Set("token", token)
 		u.RawQuery = q.Encode()
+	case token != "":
+		protocols = append(protocols, "lapd.token."+token)
 	}
-	conn, resp, err := websocket.Dial(ctx, u.String(), &websocket.DialOptions{HTTPHeader: c.header})
+	if c.tabSecret != "" {
+		protocols = append(protocols, "lapd.tab."+c.tabSecret)
+	}
+	conn, resp, err := websocket.Dial(ctx, u.String(), &websocket.DialOptions{HTTPHeader: c.header, Subprotocols: protocols})
 	if err != nil {
 		de := &DialError{Err: err}
 		if resp != nil {

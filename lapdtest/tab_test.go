@@ -21,7 +21,7 @@ func server(t *testing.T, conns chan<- *websocket.Conn) *httptest.Server {
 	t.Helper()
 	stop := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Query().Get("token") != "agt_ok" {
+		if !strings.Contains(r.Header.Get("Sec-WebSocket-Protocol"), "lapd.token.agt_ok") {
 			http.Error(w, `{"error":{"code":"auth-failed"}}`, http.StatusUnauthorized)
 			return
 		}

@@ -45,3 +45,24 @@ func ParseConnectLine(line string) (base, token string, err error) {
 	}
 	return base, token, nil
 }
+
+// LAPBase checks that raw is a LAP base URL and returns it without a
+// trailing slash: http(s), a host, no user info, query or fragment, and a
+// path that ends in /lap/v1 (the reference's /agent/lap/v1, or another
+// prefix's). The bridge sends the user's bearer to <base>/<route>, so a URL
+// that is not a LAP base (http://127.0.0.1:X/admin/secret?) is refused before
+// anything is sent.
+func LAPBase(raw string) (string, error) {
+	const want = "url must be the app's LAP base URL, ending in /lap/v1 (like http://localhost:8787/agent/lap/v1)"
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+		u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.Opaque != "" {
+		return "", errors.New(want)
+	}
+	p := strings.TrimRight(u.Path, "/")
+	if !strings.HasSuffix(p, "/lap/v1") || strings.Contains(p, "/../") || strings.Contains(p, "/./") || strings.Contains(p, "//") {
+		return "", errors.New(want)
+	}
+	u.Path, u.RawPath = p, ""
+	return u.String(), nil
+}

@@ -1,4 +1,4 @@
-// Package mcp is lapd's MCP face: the 16-tool catalogue of LAP v2
+// Package mcp is lapd's MCP face: the tool catalogue of LAP v2
 // (connect_session, observe, send_message, …) and an executor that runs it
 // over a lap.Client, served over stdio (`lapd mcp`) or Streamable HTTP
 // (/agent/mcp). It reaches lapd only through lap.Client.
@@ -21,30 +21,62 @@
 // NewServer returns the bare *server.MCPServer (mcp-go) and the Executor for
 // other transports and for tests.
 //
-// # Tools, results and errors
+// # Tools
 //
-// Tools are listed in workflow order with a title, an LLM-directed
-// description, input and output schemas and all four annotations set on
-// purpose (reads: read-only, idempotent, closed-world; send_message:
-// destructive, not idempotent, open-world because app effects reach the app's
-// backend — but safe to retry with its idempotencyKey; narrate: neither
-// read-only nor destructive nor idempotent; connect/disconnect: idempotent).
-// docs/TOOLS.md is generated from the catalogue and testdata/tools.golden.json
-// snapshots every schema (`go test ./mcp -update` rewrites both).
+// Config.Tools picks the tools listed: ToolsCore (the default:
+// connect_session, observe, send_message, get_confirm_result,
+// wait_for_change, narrate — the whole connect → act → approve → narrate
+// flow) or ToolsAll (16). Every definition a model is given costs it input
+// on every turn, so descriptions are short, a property shared by every tool
+// (session) is one line, and output schemas list names and types only.
+// Tools are listed in workflow order with a title and all four annotations
+// set on purpose (reads: read-only, idempotent, closed-world; send_message:
+// destructive, not idempotent, open-world because app effects reach the
+// app's backend — but safe to retry with its idempotencyKey; narrate:
+// neither read-only nor destructive nor idempotent; connect/disconnect:
+// idempotent). docs/TOOLS.md is generated from the catalogue and
+// testdata/tools.golden.json snapshots every schema (`go test ./mcp -update`
+// rewrites both).
 //
-// A success carries the LAP body as structuredContent plus the same JSON as
-// text. A failure is an isError result whose text starts with a code — a LAP
-// code (auth-failed, revoked, paused, rate-limited, timeout, invalid,
-// schema-error, human-only, user-cancelled, network, …) or one of ours
-// (unbound, session-required, unknown-session, invalid-arguments) — followed
-// by one sentence saying what to do; structuredContent.error repeats
-// {code, detail, retryAfterMs, reconnect}.
+// # Lean results
 //
-// Within a call's budget (reads 20 s; send_message, get_confirm_result and
+// Every byte a tool returns is read by the model on every later turn.
+// connect_session's result is the first observation (no observe after it);
+// its state is kept under 1 KiB by leaving out the largest top-level parts,
+// named in stateOmitted. Action entries leave out null, empty and default
+// fields and carry one payload signature built from the app's message
+// schemas. Per binding the executor remembers the action list the model was
+// last shown, and a dispatch returns actionsChanged only when it changed.
+// send_message takes several actions as msgs, dispatched in order (each its
+// own LAP call, idempotency key and audit entry), stopping at the first
+// that is not dispatched, with one combined diff. An action that needs
+// approval waits approvalTimeoutMs (default 20 s) for the human; a
+// confirmed result's stateAfter is current. observe always returns the whole
+// picture and verbose:true the LAP body as it came. lean.go has the rules;
+// docs/TOOLS.md "The lean flow" says them for users.
+//
+// # Results and errors
+//
+// A success is a JSON object: structuredContent and, as text, the same
+// compact bytes. On /agent/mcp they are encoded once: the executor hands
+// mcp-go a placeholder and the response writer splices the bytes in
+// (splice.go). A refusal by the app, its policy or the user (status
+// rejected with reason human-only, invalid, schema-error, user-cancelled, …;
+// pending-confirmation) is a result with isError false and a next hint. A
+// failure of the tool itself is an isError result whose text starts with a
+// code — a LAP code (auth-failed, revoked, paused, rate-limited, timeout,
+// invalid, network, …) or one of ours (unbound, session-required,
+// unknown-session, invalid-arguments) — followed by one sentence saying what
+// to do; structuredContent.error repeats {code, detail, retryAfterMs,
+// reconnect}.
+//
+// Within a call's budget (reads 20 s; send_message: the larger of timeoutMs
+// and approvalTimeoutMs, + 2 s, per message; get_confirm_result and
 // wait_for_change: their timeoutMs + 2 s) the executor retries a 503 paused
-// with reconnect=pending and a 429 after Retry-After, re-sending the same
-// body, so send_message keeps its idempotencyKey (one is generated when the
-// model gives none, and returned). While it waits it sends
+// with reconnect=pending and a 429 after Retry-After (send_message only
+// within timeoutMs + 2 s), re-sending the same body, so every message keeps
+// its idempotency key (one is generated when the model gives none, and
+// returned when a call fails). While it waits it sends
 // notifications/progress about once a second if the request carried a
 // progress token; nothing depends on them arriving.
 //

@@ -36,7 +36,7 @@ func golden(t *testing.T, path string, got []byte) {
 
 func TestToolsGolden(t *testing.T) {
 	t.Parallel()
-	snap := map[string]any{"bridge": Tools(ModeBridge), "endpoint": Tools(ModeEndpoint)[:1]}
+	snap := map[string]any{"bridge": Tools(ModeBridge, ToolsAll), "endpoint": Tools(ModeEndpoint, ToolsAll)[:1]}
 	b, err := json.MarshalIndent(snap, "", "  ")
 	if err != nil {
 		t.Fatal(err)
@@ -60,21 +60,26 @@ func renderToolsDoc() string {
 	var w strings.Builder
 	w.WriteString("# lapd MCP tools\n\n")
 	w.WriteString("<!-- Generated from mcp/tools.go by `go test ./mcp -run TestToolsDoc -update`. Do not edit by hand. -->\n\n")
-	w.WriteString("lapd serves the same 16 tools over stdio (`lapd mcp`, the bridge) and over Streamable HTTP at `/agent/mcp` (the endpoint). ")
-	w.WriteString("Every tool takes an optional `session` argument. Results carry `structuredContent` plus the same JSON as text; ")
-	w.WriteString("failures are `isError` results whose text starts with a code (`paused: the app tab is reconnecting; retry in 5 s …`) and whose ")
-	w.WriteString("`structuredContent.error` is `{code, detail?, retryAfterMs?, reconnect?}`.\n\n")
-	w.WriteString("## Sessions and handles\n\n")
+	w.WriteString("lapd serves the same tools over stdio (`lapd mcp`, the bridge) and over Streamable HTTP at `/agent/mcp` (the endpoint). ")
+	w.WriteString("By default it lists the six **core** tools, which cover the whole flow (connect, act, approve, narrate); `--tools all` (on `lapd serve` and `lapd mcp`) lists all 16. ")
+	w.WriteString("Every tool but `connect_session` takes an optional `session` argument.\n\n")
+	w.WriteString("## The lean flow\n\n")
+	w.WriteString(leanDoc)
+	w.WriteString("\n## Sessions and handles\n\n")
 	w.WriteString(sessionsDoc)
 	w.WriteString("\n## Server instructions\n\n```text\n" + Instructions + "\n```\n\n")
 	w.WriteString("Prompt `connect` (argument `line`): renders a user message asking the model to call `connect_session` with the pasted line.\n\n")
-	w.WriteString("## Tools\n\n| tool | title | LAP route | read-only | destructive | idempotent | open-world |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+	w.WriteString("## Tools\n\n| tool | set | title | LAP route | read-only | destructive | idempotent | open-world |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, d := range catalogue(ModeBridge) {
 		route := d.route
 		if route == "" {
 			route = "–"
 		}
-		fmt.Fprintf(&w, "| `%s` | %s | `%s` | %s | %s | %s | %s |\n", d.name, d.title, route, yes(d.readOnly), yes(d.destructive), yes(d.idempotent), yes(d.openWorld))
+		set := "all"
+		if d.core {
+			set = "core"
+		}
+		fmt.Fprintf(&w, "| `%s` | %s | %s | `%s` | %s | %s | %s | %s |\n", d.name, set, d.title, route, yes(d.readOnly), yes(d.destructive), yes(d.idempotent), yes(d.openWorld))
 	}
 	endpoint := catalogue(ModeEndpoint)[0]
 	for _, d := range catalogue(ModeBridge) {
@@ -84,7 +89,7 @@ func renderToolsDoc() string {
 		for _, r := range d.required {
 			req[r] = true
 		}
-		for _, p := range append(append([]prop{}, d.props...), sessionProp) {
+		for _, p := range d.inputs() {
 			desc, _ := p.schema["description"].(string)
 			typ, _ := p.schema["type"].(string)
 			if typ == "" {
@@ -100,22 +105,46 @@ func renderToolsDoc() string {
 			for _, p := range endpoint.props {
 				names = append(names, "`"+p.name+"`")
 			}
-			fmt.Fprintf(&w, "\nOn the HTTP endpoint `connect_session` takes only %s (plus `session`): the base URL is lapd itself.\n", strings.Join(names, ", "))
+			fmt.Fprintf(&w, "\nOn the HTTP endpoint `connect_session` takes only %s: the base URL is lapd itself.\n", strings.Join(names, ", "))
 		}
-		w.WriteString("\nOutput: ")
-		var outs []string
-		for _, p := range d.out {
-			outs = append(outs, "`"+p.name+"`")
+		w.WriteString("\n| output | type | description |\n| --- | --- | --- |\n")
+		for _, p := range append(append([]prop{}, d.out...), errorOut) {
+			typ, _ := p.schema["type"].(string)
+			if typ == "" {
+				typ = "any"
+			}
+			fmt.Fprintf(&w, "| `%s` | %s | %s |\n", p.name, typ, p.doc)
 		}
-		w.WriteString(strings.Join(outs, ", ") + ".\n")
 	}
 	w.WriteString("\n## Budgets and retries\n\n")
-	w.WriteString("Reads, `narrate` and `connect_session`: 20 s. `send_message`: `timeoutMs` (5000) + 2 s. `wait_for_change`: `timeoutMs` (10000) + 2 s. ")
-	w.WriteString("`get_confirm_result`: `timeoutMs` (5000) + 2 s. Within its budget a call retries a 503 `paused` with `reconnect: pending` and a 429 ")
-	w.WriteString("after their `Retry-After` (at most 8 retries), re-sending the same body, so `send_message` keeps its `idempotencyKey`. ")
+	w.WriteString("Reads, `narrate` and `connect_session`: 20 s. `send_message`: the larger of `timeoutMs` (5000) and `approvalTimeoutMs` (20000), + 2 s, per message. `wait_for_change`: `timeoutMs` (10000) + 2 s. ")
+	w.WriteString("`get_confirm_result`: `timeoutMs` (20000) + 2 s. Within its budget a call retries a 503 `paused` with `reconnect: pending` and a 429 ")
+	w.WriteString("after their `Retry-After` (at most 8 retries), re-sending the same body, so every message keeps its idempotency key. ")
 	w.WriteString("While a call waits, a client that sent a progress token gets `notifications/progress` about once a second.\n")
 	return w.String()
 }
+
+// leanDoc is "The lean flow" (also summarised in doc.go and lean.go).
+const leanDoc = "Every byte a tool returns is read by the model on every later turn, so results say only what is new and not default. " +
+	"The cheapest correct path, which the server instructions and every `next` hint describe:\n\n" +
+	"1. `connect_session` with the pasted line. Its result is the first observation (state, actions with a payload signature each, docs, context): no `observe` after it. " +
+	"It keeps the state under 1 KiB by leaving out its largest top-level parts, named in `stateOmitted` (`observe` returns them).\n" +
+	"2. `narrate` once before multi-step work.\n" +
+	"3. `send_message` with `msgs: [...]` for several steps: dispatched in order, each with its own idempotency key (`key#1`, `key#2`, …) and its own audit entry, " +
+	"stopping at the first that is not dispatched; one combined `stateDiff` and a `status` per message. " +
+	"The action list comes back only when it changed since the model was last shown it, as `actionsChanged`.\n" +
+	"4. An action that needs approval waits `approvalTimeoutMs` (default 20 s) for the user: `confirmed` carries `stateAfter`, which is current (no `observe`); " +
+	"`pending-confirmation` (or `approvalTimeoutMs: 0`, to return at once) is followed by `get_confirm_result`.\n\n" +
+	"Lean rendering: action entries drop null, empty and default fields (`source`, `selectorHint: null`, `examples: []`, `requiresConfirm: false`, `dispatchMode: \"shared\"`); " +
+	"an unavailable action has `unavailable: \"<reason>\"`; `payload` is a TypeScript-like signature built from the app's message schemas " +
+	"(`{title: string /* Short task title */, column?: 'todo'|'doing'|'done'}`) in place of `payloadHint` and `fieldHints`. " +
+	"Observations keep `docs` (and `stateSchema` when the app declares one), not the LAP description's conventions or message schemas; `health` appears only when the tab is disconnected or hidden. " +
+	"A dispatch result omits `drain` unless effects failed or timed out, and the idempotency key unless the call failed. " +
+	"Nothing is hidden from a model that asks: `observe` always returns the whole picture, and `verbose: true` returns the LAP body as it came.\n\n" +
+	"Results are JSON objects: `structuredContent` and the text content are the same compact bytes (no indentation, no nulls where lapd adds them), encoded once. " +
+	"A refusal by the app, its policy or the user (`rejected` with `reason` human-only, invalid, schema-error, user-cancelled, …; `pending-confirmation`) is a result with `isError: false`, " +
+	"a `status`, a `reason` and a `next` hint. `isError` is kept for failures of the tool itself: its text starts with a code (`paused: the app tab is reconnecting; retry in 5 s …`) " +
+	"and `structuredContent.error` is `{code, detail?, retryAfterMs?, reconnect?}`.\n"
 
 // sessionsDoc is the "Sessions and handles" section (also summarised in doc.go).
 const sessionsDoc = "`connect_session` returns a handle `session` (`s_` + 16 base32 characters, 80 random bits). " +

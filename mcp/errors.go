@@ -1,7 +1,6 @@
 package mcp
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -145,37 +144,6 @@ func bindingError(err error, handle string, visible []BindingSummary) *toolError
 	default:
 		return &toolError{Code: CodeUnknownSession, Hint: "session " + handle + " is unknown or expired; call connect_session again with the user's connect line."}
 	}
-}
-
-// rejection maps a LAP 200 {status:"rejected", reason, detail?, errors?}.
-func rejection(body map[string]json.RawMessage) *toolError {
-	var reason, detail string
-	_ = json.Unmarshal(body["reason"], &reason)
-	_ = json.Unmarshal(body["detail"], &detail)
-	e := &toolError{Code: reason, Detail: detail, Extra: map[string]any{}}
-	for k, v := range body {
-		e.Extra[k] = v
-	}
-	switch reason {
-	case "human-only":
-		e.Hint = "this action is reserved for humans; ask the user to do it in the app."
-	case "user-cancelled":
-		e.Hint = "the user rejected this action in the app; do not retry it unless they ask you to."
-	case "schema-error", "schema-mismatch":
-		e.Hint = "the payload does not match the action's schema; fix msg as the errors say (observe lists every action with its payload)."
-	case "invalid":
-		e.Hint = "the message is not a valid action right now; call observe for the available actions and their payloads, then fix msg."
-	case "revoked":
-		e.Hint = "the user revoked this session; " + askForLine + " if they want to continue."
-	case "paused":
-		e.Hint = "the app tab is away; retry in a few seconds."
-	default:
-		if reason == "" {
-			e.Code = "rejected"
-		}
-		e.Hint = "the app rejected the message; call observe and adjust."
-	}
-	return e
 }
 
 func invalidArgs(format string, a ...any) *toolError {

@@ -8,7 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -26,7 +26,10 @@ type Budgets struct {
 	Slack          time.Duration // added to timeoutMs for /message, /wait, /confirm-result: 2 s
 	MessageTimeout time.Duration // send_message timeoutMs default: 5 s
 	WaitTimeout    time.Duration // wait_for_change timeoutMs default: 10 s
-	ConfirmTimeout time.Duration // get_confirm_result timeoutMs default: 5 s
+	ConfirmTimeout time.Duration // get_confirm_result timeoutMs default: 20 s
+	// ApprovalTimeout is send_message's approvalTimeoutMs default: how long
+	// a dispatch that needs the user's approval waits for it: 20 s.
+	ApprovalTimeout time.Duration
 }
 
 func (b *Budgets) defaults() {
@@ -43,7 +46,10 @@ func (b *Budgets) defaults() {
 		b.WaitTimeout = 10 * time.Second
 	}
 	if b.ConfirmTimeout <= 0 {
-		b.ConfirmTimeout = 5 * time.Second
+		b.ConfirmTimeout = 20 * time.Second
+	}
+	if b.ApprovalTimeout <= 0 {
+		b.ApprovalTimeout = 20 * time.Second
 	}
 }
 
@@ -51,6 +57,7 @@ func (b *Budgets) defaults() {
 type Config struct {
 	Client   lap.Client     // required: the only way to lapd
 	Mode     Mode           // ModeBridge (stdio, default) or ModeEndpoint (/agent/mcp)
+	Tools    ToolSet        // ToolsCore (default) or ToolsAll
 	Budgets  Budgets        // per-call time budgets
 	Bindings BindingsConfig // bounds of the session table
 	Logger   *slog.Logger   // nil = discard; tokens are never logged
@@ -114,13 +121,13 @@ func NewExecutor(cfg Config) (*Executor, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Executor{cfg: cfg, client: cfg.Client, bindings: NewBindings(cfg.Bindings), log: log, defs: catalogue(cfg.Mode)}, nil
+	return &Executor{cfg: cfg, client: cfg.Client, bindings: NewBindings(cfg.Bindings), log: log, defs: selectTools(catalogue(cfg.Mode), cfg.Tools)}, nil
 }
 
 // Bindings exposes the session table (for the HTTP handler and tests).
 func (e *Executor) Bindings() *Bindings { return e.bindings }
 
-// Register adds the 16 tools and the `connect` prompt to s.
+// Register adds the tools of cfg.Tools and the `connect` prompt to s.
 func (e *Executor) Register(s *mcpserver.MCPServer) {
 	tools := make([]mcpserver.ServerTool, 0, len(e.defs))
 	for _, d := range e.defs {
@@ -172,8 +179,9 @@ func (d toolDef) parseArgs(req mcpgo.CallToolRequest) (args, *toolError) {
 			raw = norm
 		}
 	}
-	allowed := map[string]bool{"session": true}
-	for _, p := range d.props {
+	inputs := d.inputs()
+	allowed := map[string]bool{}
+	for _, p := range inputs {
 		allowed[p.name] = true
 	}
 	var unknown []string
@@ -197,7 +205,7 @@ func (d toolDef) parseArgs(req mcpgo.CallToolRequest) (args, *toolError) {
 		}
 	}
 	a := args(raw)
-	for _, p := range append(d.props, sessionProp) {
+	for _, p := range inputs {
 		v, ok := a[p.name]
 		if !ok || v == nil {
 			continue
@@ -205,6 +213,9 @@ func (d toolDef) parseArgs(req mcpgo.CallToolRequest) (args, *toolError) {
 		if err := checkType(p, v); err != nil {
 			return nil, err
 		}
+	}
+	if d.name == "send_message" && a.has("msg") == a.has("msgs") {
+		return nil, invalidArgs("pass msg (one action) or msgs (several), not both")
 	}
 	return a, nil
 }
@@ -243,16 +254,40 @@ func checkType(p prop, v any) *toolError {
 			return invalidArgs("%s must be at most %d", p.name, hi)
 		}
 	case "object":
-		m, ok := v.(map[string]any)
-		if !ok {
+		if p.name == "msg" {
+			return checkMsg("msg", v)
+		}
+		if _, ok := v.(map[string]any); !ok {
 			return invalidArgs("%s must be an object", p.name)
 		}
-		if p.name == "msg" {
-			t, ok := m["type"].(string)
-			if !ok || t == "" {
-				return invalidArgs("msg.type must be the action name (a non-empty string); observe lists the actions")
+	case "array":
+		l, ok := v.([]any)
+		if !ok {
+			return invalidArgs("%s must be an array", p.name)
+		}
+		if p.name == "msgs" {
+			if len(l) == 0 || len(l) > MaxBatch {
+				return invalidArgs("msgs takes 1 to %d actions", MaxBatch)
+			}
+			for i, m := range l {
+				if err := checkMsg(fmt.Sprintf("msgs[%d]", i), m); err != nil {
+					return err
+				}
 			}
 		}
+	}
+	return nil
+}
+
+// checkMsg checks one action: an object with a non-empty string type.
+func checkMsg(name string, v any) *toolError {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return invalidArgs("%s must be an object like {\"type\": \"<action>\", ...payload}", name)
+	}
+	t, ok := m["type"].(string)
+	if !ok || t == "" || len(t) > 200 {
+		return invalidArgs("%s.type must be the action name (a non-empty string); the actions are in connect_session's and observe's results", name)
 	}
 	return nil
 }
@@ -271,6 +306,8 @@ func (a args) ms(k string, def time.Duration) time.Duration {
 	return def
 }
 
+func (a args) verbose() bool { v, _ := a["verbose"].(bool); return v }
+
 // handle runs one tool call. It never returns a Go error: failures are
 // isError results.
 func (e *Executor) handle(ctx context.Context, d toolDef, req mcpgo.CallToolRequest) *mcpgo.CallToolResult {
@@ -284,23 +321,42 @@ func (e *Executor) handle(ctx context.Context, d toolDef, req mcpgo.CallToolRequ
 	var err error
 	switch d.name {
 	case "connect_session":
-		res, err = e.connect(ctx, d, a, p)
+		res, err = e.connect(ctx, a, p)
 	case "disconnect_session":
 		res, err = e.disconnect(ctx, a)
 	default:
-		res, err = e.forward(ctx, d, a, p)
+		var b Binding
+		b, err = e.resolve(ctx, a)
+		if err != nil {
+			break
+		}
+		switch d.name {
+		case "send_message":
+			res, err = e.sendMessage(ctx, d, a, b, p)
+		default:
+			res, err = e.forward(ctx, d, a, b, p)
+		}
 	}
 	if err != nil {
 		return fromLAP(err, "").result()
 	}
-	return res
+	return finish(ctx, res)
+}
+
+func (e *Executor) resolve(ctx context.Context, a args) (Binding, error) {
+	handle := a.str("session")
+	b, vis, err := e.bindings.Resolve(e.scope(ctx), handle)
+	if err != nil {
+		return Binding{}, bindingError(err, handle, vis)
+	}
+	return b, nil
 }
 
 func (e *Executor) budget(d toolDef, a args) time.Duration {
 	b := e.cfg.Budgets
 	switch d.budget {
 	case budgetMessage:
-		return a.ms("timeoutMs", b.MessageTimeout) + b.Slack
+		return max(a.ms("timeoutMs", b.MessageTimeout), a.ms("approvalTimeoutMs", b.ApprovalTimeout)) + b.Slack
 	case budgetWait:
 		return a.ms("timeoutMs", b.WaitTimeout) + b.Slack
 	case budgetConfirm:
@@ -314,6 +370,14 @@ func (e *Executor) budget(d toolDef, a args) time.Duration {
 // and 429 after their Retry-After when the wait fits the remaining budget.
 // body is sent unchanged on every attempt (so an idempotencyKey is reused).
 func (e *Executor) call(ctx context.Context, b Binding, route string, body any, budget time.Duration, p *progress) (json.RawMessage, error) {
+	return e.callRetryWithin(ctx, b, route, body, budget, budget, p)
+}
+
+// callRetryWithin is call whose retries must also end within retryWithin of
+// the start: send_message's budget includes the time a human may take to
+// approve, which is no reason to wait longer for a rate limit.
+func (e *Executor) callRetryWithin(ctx context.Context, b Binding, route string, body any, budget, retryWithin time.Duration, p *progress) (json.RawMessage, error) {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
@@ -334,7 +398,7 @@ func (e *Executor) call(ctx context.Context, b Binding, route string, body any, 
 			return nil, le
 		}
 		wait, why, ok := retryable(le)
-		if !ok || attempt >= e.cfg.MaxRetries || time.Until(deadline) < wait {
+		if !ok || attempt >= e.cfg.MaxRetries || time.Until(deadline) < wait || time.Since(start)+wait > retryWithin {
 			return nil, le
 		}
 		e.log.Debug("mcp: retrying LAP call", "route", route, "code", le.Code, "wait", wait, "attempt", attempt+1)
@@ -362,36 +426,29 @@ func retryable(le *lap.Error) (time.Duration, string, bool) {
 	return 0, "", false
 }
 
-type object_ = map[string]json.RawMessage
+// result is a success: structuredContent is b, and its text copy is the
+// same bytes (added by finish, which handle calls on every result).
+func result(b []byte) *mcpgo.CallToolResult {
+	return &mcpgo.CallToolResult{StructuredContent: json.RawMessage(b)}
+}
 
-func decodeObject(raw json.RawMessage) (object_, error) {
-	var o object_
-	if err := json.Unmarshal(raw, &o); err != nil || o == nil {
-		return nil, &toolError{Code: "internal", Hint: "lapd returned an unexpected response; call observe and retry once."}
+var errUnexpected = &toolError{Code: "internal", Hint: "lapd returned an unexpected response; call observe and retry once."}
+
+// withFields writes raw's members (an object) into o, leaving out those in skip.
+func withFields(o *objw, raw []byte, skip ...string) bool {
+	ms, ok := members(raw)
+	if !ok {
+		return false
 	}
-	return o, nil
-}
-
-func structured(v any) *mcpgo.CallToolResult {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return (&toolError{Code: "internal", Hint: "could not encode the result", Detail: err.Error()}).result()
+	for _, m := range ms {
+		if !slices.Contains(skip, m.key) {
+			o.raw(m.key, m.val)
+		}
 	}
-	return mcpgo.NewToolResultStructured(json.RawMessage(b), string(b))
+	return true
 }
 
-func set(o object_, k string, v any) {
-	b, _ := json.Marshal(v)
-	o[k] = b
-}
-
-type descInfo struct {
-	Name       string `json:"name"`
-	Version    string `json:"version"`
-	SchemaHash string `json:"schemaHash"`
-}
-
-func (e *Executor) connect(ctx context.Context, d toolDef, a args, p *progress) (*mcpgo.CallToolResult, error) {
+func (e *Executor) connect(ctx context.Context, a args, p *progress) (*mcpgo.CallToolResult, error) {
 	base, token := "", ""
 	if line := a.str("line"); line != "" {
 		var err error
@@ -415,11 +472,11 @@ func (e *Executor) connect(ctx context.Context, d toolDef, a args, p *progress) 
 		if base == "" {
 			return nil, invalidArgs("no LAP URL given; pass the whole connect line as line, or url and token")
 		}
-		u, err := url.Parse(base)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, invalidArgs("url must be an http(s) URL like http://localhost:8080/agent/lap/v1")
+		b, err := LAPBase(base)
+		if err != nil {
+			return nil, invalidArgs("%s", err.Error())
 		}
-		base = strings.TrimRight(base, "/")
+		base = b
 	}
 	if !strings.HasPrefix(token, "agt_") {
 		return nil, invalidArgs("no agt_… token given; pass the whole connect line the user copied from the app")
@@ -432,66 +489,76 @@ func (e *Executor) connect(ctx context.Context, d toolDef, a args, p *progress) 
 		e.bindings.Remove(b.Handle)
 		return nil, err
 	}
-	o, err := decodeObject(raw)
-	if err != nil {
+	ob, ok := parseObservation(raw, Binding{})
+	if !ok {
 		e.bindings.Remove(b.Handle)
-		return nil, err
+		return nil, errUnexpected
 	}
-	var di descInfo
-	_ = json.Unmarshal(o["description"], &di)
-	e.bindings.Update(b.Handle, func(b *Binding) { b.AppName, b.AppVersion, b.SchemaHash = di.Name, di.Version, di.SchemaHash })
+	e.bindings.Update(b.Handle, func(b *Binding) {
+		b.AppName, b.AppVersion, b.SchemaHash = ob.name, ob.version, ob.schemaHash
+	})
 	if e.cfg.OnBind != nil {
 		e.cfg.OnBind(scope, b.TokenKey)
 	}
-	e.log.Info("mcp: session connected", "session", b.Handle, "app", di.Name, "token", b.TokenKey)
-	set(o, "status", "connected")
-	set(o, "session", b.Handle)
-	set(o, "appName", di.Name)
-	set(o, "appVersion", di.Version)
-	set(o, "next", "Connected to "+orApp(di.Name)+" as session "+b.Handle+". Read state and actions above; call narrate before multi-step work, then send_message to act. Pass session=\""+b.Handle+"\" when several apps are connected or when asked.")
-	return structured(o), nil
+	e.log.Info("mcp: session connected", "session", b.Handle, "app", ob.name, "token", b.TokenKey)
+	o := newObj(make([]byte, 0, len(raw)+256))
+	o.str("status", "connected")
+	o.str("session", b.Handle)
+	ob.writeApp(o)
+	omitted := false
+	if a.verbose() {
+		withFields(o, raw)
+	} else {
+		omitted = e.renderObservation(o, ob, true)
+	}
+	e.remember(b.Handle, ob)
+	next := "Pass session=\"" + b.Handle + "\" on every call. This is the current state and your actions: act with send_message (msgs for several steps); narrate first for multi-step work."
+	if omitted {
+		next += " stateOmitted parts: " + e.readHint() + "."
+	}
+	o.str("next", next)
+	return result(o.close()), nil
 }
 
-func orApp(name string) string {
-	if name == "" {
-		return "the app"
+// readHint says how to read left-out state with this tool set.
+func (e *Executor) readHint() string {
+	if e.cfg.Tools == ToolsAll {
+		return "get_state with their path"
 	}
-	return name
+	return "observe returns them"
 }
 
 func (e *Executor) disconnect(ctx context.Context, a args) (*mcpgo.CallToolResult, error) {
 	b, vis, err := e.bindings.Resolve(e.scope(ctx), a.str("session"))
 	if err != nil {
 		if errors.Is(err, ErrUnbound) || errors.Is(err, ErrUnknownSession) {
-			return structured(map[string]any{"status": "not-connected", "session": a.str("session")}), nil
+			return structuredMap(map[string]any{"status": "not-connected", "session": a.str("session")}), nil
 		}
 		return nil, bindingError(err, a.str("session"), vis)
 	}
 	e.bindings.Remove(b.Handle)
-	return structured(map[string]any{"status": "disconnected", "session": b.Handle}), nil
+	return structuredMap(map[string]any{"status": "disconnected", "session": b.Handle}), nil
+}
+
+func structuredMap(v map[string]any) *mcpgo.CallToolResult {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return (&toolError{Code: "internal", Hint: "could not encode the result", Detail: err.Error()}).result()
+	}
+	return result(b)
 }
 
 // forward runs a tool that maps onto one LAP route.
-func (e *Executor) forward(ctx context.Context, d toolDef, a args, p *progress) (*mcpgo.CallToolResult, error) {
-	handle := a.str("session")
-	b, vis, err := e.bindings.Resolve(e.scope(ctx), handle)
-	if err != nil {
-		return nil, bindingError(err, handle, vis)
-	}
+func (e *Executor) forward(ctx context.Context, d toolDef, a args, b Binding, p *progress) (*mcpgo.CallToolResult, error) {
 	body := map[string]any{}
 	for _, pr := range d.props {
-		if a.has(pr.name) {
+		if a.has(pr.name) && pr.name != "verbose" {
 			body[pr.name] = a[pr.name]
 		}
 	}
 	switch d.name {
-	case "send_message":
-		if body["idempotencyKey"] == nil {
-			body["idempotencyKey"] = newIdempotencyKey()
-		}
-		t, _ := a["msg"].(map[string]any)["type"].(string)
-		p.Set("dispatching " + t + " and waiting for its effects to settle…")
 	case "get_confirm_result":
+		body["timeoutMs"] = a.ms("timeoutMs", e.cfg.Budgets.ConfirmTimeout).Milliseconds()
 		p.Set("waiting for the user to approve or reject in the app…")
 	case "wait_for_change":
 		p.Set("waiting for a change in the app…")
@@ -502,80 +569,74 @@ func (e *Executor) forward(ctx context.Context, d toolDef, a args, p *progress) 
 	}
 	raw, err := e.call(ctx, b, d.route, reqBody, e.budget(d, a), p)
 	if err != nil {
-		te := fromLAP(err, b.Base)
-		if d.name == "send_message" {
-			if te.Extra == nil {
-				te.Extra = map[string]any{}
-			}
-			te.Extra["idempotencyKey"] = body["idempotencyKey"]
-		}
-		return nil, te
+		return nil, fromLAP(err, b.Base)
 	}
-	if d.name == "narrate" || d.name == "query_dom" || d.name == "get_state" || d.name == "list_actions" {
-		return mcpgo.NewToolResultStructured(raw, string(raw)), nil // pass through untouched
-	}
-	o, err := decodeObject(raw)
-	if err != nil {
-		return nil, err
-	}
-	var status string
-	_ = json.Unmarshal(o["status"], &status)
 	switch d.name {
-	case "observe", "describe_app":
-		e.noteSchema(b, d.name, o)
-	case "send_message":
-		set(o, "idempotencyKey", body["idempotencyKey"])
-		switch status {
-		case "rejected":
-			return nil, rejection(o)
-		case "pending-confirmation":
-			var id string
-			_ = json.Unmarshal(o["confirmId"], &id)
-			set(o, "next", "The app asks the user to approve this action. Tell the user to approve or reject it in the app, then call get_confirm_result with confirmId=\""+id+"\".")
-		case "confirmed":
-			set(o, "next", "The user approved it and the action ran; call observe to see its full effects.")
+	case "observe":
+		ob, ok := parseObservation(raw, b)
+		if !ok {
+			return nil, errUnexpected
 		}
+		o := newObj(make([]byte, 0, len(raw)+128))
+		if a.verbose() {
+			withFields(o, raw)
+		} else {
+			ob.writeApp(o)
+			e.renderObservation(o, ob, false)
+		}
+		e.remember(b.Handle, ob)
+		if e.noteSchema(b, ob.name, ob.schemaHash) {
+			o.bool("schemaChanged", true)
+			o.str("schemaChangedNote", "The app's actions or state schema changed since you last looked (the app was updated or navigated). Use the actions and docs in this result; earlier ones may be stale.")
+		}
+		return result(o.close()), nil
+	case "describe_app":
+		if ms, ok := members(raw); ok {
+			e.noteSchema(b, jstr(get(ms, "name")), jstr(get(ms, "schemaHash")))
+		}
+	case "list_actions":
+		if a.verbose() {
+			break
+		}
+		ms, ok := members(raw)
+		if !ok {
+			break
+		}
+		acts := get(ms, "actions")
+		as, ok := leanActionList(acts, b.sigs)
+		if !ok {
+			break
+		}
+		e.rememberActions(b.Handle, acts, as)
+		o := newObj(nil)
+		o.raw("actions", encodeActions(nil, as))
+		return result(o.close()), nil
 	case "get_confirm_result":
-		switch status {
-		case "rejected":
-			return nil, rejection(o)
-		case "still-pending":
-			set(o, "next", "The user has not decided yet; remind them to approve or reject it in the app, then call get_confirm_result again.")
-		case "confirmed":
-			set(o, "next", "Approved and dispatched; call observe to see its full effects.")
+		return e.confirmResult(b, raw, a.verbose())
+	case "wait_for_change":
+		if !a.verbose() {
+			if c := compactObject(raw); c != nil {
+				raw = c
+			}
 		}
 	}
-	return structured(o), nil
+	return result(raw), nil // pass through untouched
 }
 
-// noteSchema records the schema hash (and app name) and flags a change.
-func (e *Executor) noteSchema(b Binding, tool string, o object_) {
-	var di descInfo
-	if tool == "observe" {
-		_ = json.Unmarshal(o["description"], &di)
-	} else {
-		_ = json.Unmarshal(mustJSON(o), &di)
-	}
-	if di.SchemaHash == "" {
-		return
+// noteSchema records the schema hash (and app name) and reports a change.
+func (e *Executor) noteSchema(b Binding, name, hash string) bool {
+	if hash == "" {
+		return false
 	}
 	changed := false
 	e.bindings.Update(b.Handle, func(bb *Binding) {
-		changed = bb.SchemaHash != "" && bb.SchemaHash != di.SchemaHash
-		bb.SchemaHash = di.SchemaHash
-		if di.Name != "" {
-			bb.AppName = di.Name
+		changed = bb.SchemaHash != "" && bb.SchemaHash != hash
+		bb.SchemaHash = hash
+		if name != "" {
+			bb.AppName = name
 		}
 	})
-	if changed && tool == "observe" {
-		set(o, "schemaChanged", true)
-		set(o, "schemaChangedNote", "The app's actions or state schema changed since you last looked (the app was updated or navigated). Use the actions and description in this result; earlier ones may be stale.")
-	}
-}
-
-func mustJSON(o object_) []byte {
-	b, _ := json.Marshal(o)
-	return b
+	return changed
 }
 
 func newIdempotencyKey() string {
@@ -604,7 +665,7 @@ func connectPromptHandler(_ context.Context, req mcpgo.GetPromptRequest) (*mcpgo
 	var q bytes.Buffer
 	q.WriteString("Please connect to my app: call the lapd connect_session tool with line set to exactly this text:\n\n")
 	q.WriteString(line)
-	q.WriteString("\n\nThen call observe, tell me briefly what you see, and use narrate to tell me what you are doing before multi-step work.")
+	q.WriteString("\n\nIts result is your first look at the app: tell me briefly what you see, and use narrate to tell me what you are doing before multi-step work.")
 	return mcpgo.NewGetPromptResult("Connect to a live app", []mcpgo.PromptMessage{
 		mcpgo.NewPromptMessage(mcpgo.RoleUser, mcpgo.NewTextContent(q.String())),
 	}), nil

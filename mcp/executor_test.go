@@ -3,6 +3,7 @@ package mcp
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -25,8 +26,14 @@ func TestConnectAndObserve(t *testing.T) {
 	if !strings.HasPrefix(s, "s_") || len(s) != 18 {
 		t.Fatalf("session handle %q", s)
 	}
-	if out.SC["status"] != "connected" || out.SC["appName"] != "Todo" || out.SC["appVersion"] != "1.0" || out.SC["state"] == nil || out.SC["health"] == nil {
+	// Lean: health only when something is wrong, no description block.
+	if out.SC["status"] != "connected" || out.SC["appName"] != "Todo" || out.SC["appVersion"] != "1.0" || out.SC["state"] == nil ||
+		out.SC["actions"] == nil || out.SC["health"] != nil || out.SC["description"] != nil || !strings.Contains(out.SC["next"].(string), s) {
 		t.Fatalf("connect result %v", out.SC)
+	}
+	// verbose: the LAP body as it came.
+	if v := h.call("connect_session", map[string]any{"url": base, "token": tokA, "verbose": true}); v.SC["health"] == nil || v.SC["description"] == nil || v.SC["session"] != s {
+		t.Fatalf("verbose connect %v", v.SC)
 	}
 	c := h.lap.callsTo("/observe")[0]
 	if c.Base != base || c.Token != tokA {
@@ -68,8 +75,8 @@ func TestEveryToolForwards(t *testing.T) {
 		{"describe_recent_actions", map[string]any{"n": 3, "kind": "dispatch"}, "/recent-actions", map[string]any{"n": 3.0, "kind": "dispatch"}},
 		{"would_dispatch", map[string]any{"msg": map[string]any{"type": "addTodo", "title": "x"}}, "/would-dispatch", map[string]any{"msg": map[string]any{"type": "addTodo", "title": "x"}}},
 		{"list_actions", nil, "/actions", nil},
-		{"send_message", map[string]any{"msg": map[string]any{"type": "addTodo"}, "reason": "asked", "waitFor": "idle", "timeoutMs": 1000}, "/message", map[string]any{"msg": map[string]any{"type": "addTodo"}, "reason": "asked", "waitFor": "idle", "timeoutMs": 1000.0}},
-		{"get_confirm_result", map[string]any{"confirmId": "c1"}, "/confirm-result", map[string]any{"confirmId": "c1"}},
+		{"send_message", map[string]any{"msg": map[string]any{"type": "addTodo"}, "reason": "asked", "waitFor": "idle", "timeoutMs": 1000}, "/message", map[string]any{"msg": map[string]any{"type": "addTodo"}, "reason": "asked", "waitFor": "idle", "timeoutMs": 1000.0, "approvalTimeoutMs": 20000.0}},
+		{"get_confirm_result", map[string]any{"confirmId": "c1"}, "/confirm-result", map[string]any{"confirmId": "c1", "timeoutMs": 20000.0}},
 		{"wait_for_change", map[string]any{"path": "/todos", "timeoutMs": 50}, "/wait", map[string]any{"path": "/todos", "timeoutMs": 50.0}},
 		{"narrate", map[string]any{"text": "Adding a todo"}, "/narrate", map[string]any{"text": "Adding a todo"}},
 		{"query_dom", map[string]any{"name": "row", "multiple": true}, "/query-dom", map[string]any{"name": "row", "multiple": true}},
@@ -93,7 +100,8 @@ func TestEveryToolForwards(t *testing.T) {
 		calls := h.lap.callsTo(tc.route)
 		got := calls[len(calls)-1].Body
 		if tc.tool == "send_message" {
-			if k, _ := got["idempotencyKey"].(string); !strings.HasPrefix(k, "mcp_") || out.SC["idempotencyKey"] != k {
+			// generated, and not echoed on success (only on failures and with verbose)
+			if k, _ := got["idempotencyKey"].(string); !strings.HasPrefix(k, "mcp_") || out.SC["idempotencyKey"] != nil {
 				t.Fatalf("idempotencyKey %v / %v", got["idempotencyKey"], out.SC["idempotencyKey"])
 			}
 			delete(got, "idempotencyKey")
@@ -254,21 +262,23 @@ func TestRetriesAreBounded(t *testing.T) {
 	}
 }
 
+// Refusals by the app, its policy or the user are results (isError false)
+// with a status, a reason and what to do, so a client reading
+// structuredContent sees one shape.
 func TestDispatchOutcomes(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name   string
 		reply  map[string]any
-		isErr  bool
-		code   string
 		status string
+		keep   string // a LAP field that must be kept
 		hint   string
 	}{
-		{"human-only", map[string]any{"status": "rejected", "reason": "human-only", "detail": "reset is for humans"}, true, "human-only", "", "ask the user"},
-		{"schema-error", map[string]any{"status": "rejected", "reason": "schema-error", "errors": []any{map[string]any{"path": "/title", "message": "required"}}}, true, "schema-error", "", "errors"},
-		{"invalid", map[string]any{"status": "rejected", "reason": "invalid", "detail": "unknown variant: x"}, true, "invalid", "", "observe"},
-		{"pending", map[string]any{"status": "pending-confirmation", "confirmId": "c9"}, false, "", "pending-confirmation", `confirmId="c9"`},
-		{"confirmed", map[string]any{"status": "confirmed", "stateAfter": map[string]any{}}, false, "", "confirmed", "observe"},
+		{"human-only", map[string]any{"status": "rejected", "reason": "human-only", "detail": "reset is for humans"}, "rejected", "detail", "ask them"},
+		{"schema-error", map[string]any{"status": "rejected", "reason": "schema-error", "errors": []any{map[string]any{"path": "/title", "message": "required"}}}, "rejected", "errors", "errors say"},
+		{"invalid", map[string]any{"status": "rejected", "reason": "invalid", "detail": "unknown variant: x"}, "rejected", "detail", "action list"},
+		{"pending", map[string]any{"status": "pending-confirmation", "confirmId": "c9"}, "pending-confirmation", "confirmId", `confirmId="c9"`},
+		{"confirmed", map[string]any{"status": "confirmed", "stateAfter": map[string]any{"n": 1}}, "confirmed", "stateAfter", "stateAfter is the current state"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -277,15 +287,14 @@ func TestDispatchOutcomes(t *testing.T) {
 			h.connect(tokA)
 			h.lap.on("/message", func(int, fakeCall) (any, error) { return tc.reply, nil })
 			out := h.call("send_message", map[string]any{"msg": map[string]any{"type": "x"}})
-			if tc.isErr {
-				wantError(t, out, tc.code, tc.hint)
-				if out.SC["reason"] != tc.code {
-					t.Fatalf("LAP body not kept: %v", out.SC)
-				}
-				return
+			if out.IsError || out.SC["status"] != tc.status || out.SC[tc.keep] == nil || !strings.Contains(out.SC["next"].(string), tc.hint) {
+				t.Fatalf("%+v", out)
 			}
-			if out.IsError || out.SC["status"] != tc.status || !strings.Contains(out.SC["next"].(string), tc.hint) {
-				t.Fatalf("%v", out)
+			if r, ok := tc.reply["reason"]; ok && out.SC["reason"] != r {
+				t.Fatalf("reason not kept: %v", out.SC)
+			}
+			if out.SC["idempotencyKey"] != nil {
+				t.Fatalf("a refusal is an answer: no key to retry with: %v", out.SC)
 			}
 		})
 	}
@@ -295,26 +304,24 @@ func TestConfirmResult(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		reply map[string]any
-		isErr bool
 		want  string
+		hint  string
 	}{
-		{map[string]any{"status": "confirmed", "stateAfter": map[string]any{"n": 1}}, false, "confirmed"},
-		{map[string]any{"status": "still-pending"}, false, "still-pending"},
-		{map[string]any{"status": "rejected", "reason": "user-cancelled"}, true, "user-cancelled"},
+		{map[string]any{"status": "confirmed", "stateAfter": map[string]any{"n": 1}}, "confirmed", "current state"},
+		{map[string]any{"status": "still-pending"}, "still-pending", "call get_confirm_result again"},
+		{map[string]any{"status": "rejected", "reason": "user-cancelled"}, "rejected", "do not retry"},
 	} {
 		h := newHarness(t, nil)
 		h.connect(tokA)
 		h.lap.on("/confirm-result", func(int, fakeCall) (any, error) { return tc.reply, nil })
 		out := h.call("get_confirm_result", map[string]any{"confirmId": "c1"})
-		if tc.isErr {
-			wantError(t, out, tc.want, "rejected this action")
-			continue
-		}
-		if out.IsError || out.SC["status"] != tc.want || out.SC["next"] == nil {
+		if out.IsError || out.SC["status"] != tc.want || !strings.Contains(mcpStr(out.SC["next"]), tc.hint) {
 			t.Fatalf("%v", out)
 		}
 	}
 }
+
+func mcpStr(v any) string { s, _ := v.(string); return s }
 
 func TestTwoSessions(t *testing.T) {
 	t.Parallel()
@@ -469,4 +476,53 @@ func TestToolListOrderAndAnnotations(t *testing.T) {
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools %v", names)
 	}
+	// The default set is the core, in the same order.
+	core := newHarness(t, func(c *Config) { c.Tools = ToolsCore })
+	res, err = core.c.ListTools(context.Background(), mcpgo.ListToolsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names = names[:0]
+	for _, tl := range res.Tools {
+		names = append(names, tl.Name)
+	}
+	if want := []string{"connect_session", "observe", "send_message", "get_confirm_result", "wait_for_change", "narrate"}; !slices.Equal(names, want) {
+		t.Fatalf("core tools %v", names)
+	}
 }
+
+// mcp-go logs every request and tool call at Info; lapd hands those lines
+// down to Debug, so the default level writes nothing per call.
+func TestMCPGoLogsAtDebug(t *testing.T) {
+	t.Parallel()
+	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
+		var buf syncBuf
+		h := newHarness(t, func(c *Config) {
+			c.Logger = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: level}))
+		})
+		h.connect(tokA)
+		buf.reset()
+		h.call("observe", nil)
+		got := buf.String()
+		if level == slog.LevelInfo && got != "" {
+			t.Fatalf("at Info an observe logged:\n%s", got)
+		}
+		if level == slog.LevelDebug && !strings.Contains(got, "observe") {
+			t.Fatalf("at Debug mcp-go's request log is missing:\n%s", got)
+		}
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+func (s *syncBuf) reset()         { s.mu.Lock(); defer s.mu.Unlock(); s.b.Reset() }

@@ -125,7 +125,7 @@ type harness struct {
 func newHarness(t testing.TB, mutate func(*Config), opts ...client.ClientOption) *harness {
 	t.Helper()
 	h := &harness{t: t, lap: newFakeLAP(), after: &recordingAfter{}}
-	cfg := Config{Client: h.lap, After: h.after.After}
+	cfg := Config{Client: h.lap, After: h.after.After, Tools: ToolsAll}
 	if mutate != nil {
 		mutate(&cfg)
 	}

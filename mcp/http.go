@@ -8,8 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
+	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,6 +21,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/clientip"
+	"github.com/lapd-dev/lapd/internal/hostguard"
 )
 
 // Auditor records refusals. *audit.Log satisfies it.
@@ -37,10 +39,19 @@ type HTTPConfig struct {
 	// call the endpoint. A request without an Origin header (every non-browser
 	// MCP client) and a same-origin request pass; any other Origin gets 403.
 	AllowedOrigins []string
+	// AllowedHosts are Host names served on a loopback connection besides
+	// loopback names; any other Host there gets 403 forbidden-host
+	// (DNS-rebinding protection), audited.
+	AllowedHosts []string
+	// TrustProxy is the number of reverse proxies in front whose
+	// X-Forwarded-For names the client (as lap.Config.TrustProxy); 0 = the
+	// socket's address. Per-IP limits count IPv6 clients per /64.
+	TrustProxy int
 
 	MaxSessions                int           // legacy MCP sessions in all [64]
-	MaxUnauthenticatedSessions int           // sessions with no connect_session yet; LRU-evicted [16]
+	MaxUnauthenticatedSessions int           // sessions with no connect_session yet [16]
 	MaxSessionsPerToken        int           // sessions bound to one agt_ token; its LRU is evicted [8]
+	MaxSessionsPerIP           int           // sessions of one client IP (IPv6: per /64; loopback exempt); its own are evicted first [16]
 	IdleTTL                    time.Duration // session dropped after this long unused [30 min]
 	UnauthenticatedLifetime    time.Duration // absolute life of a session that never connected [30 min]
 	CreateRate                 rate.Limit    // session creations per second per client IP [1]
@@ -60,6 +71,8 @@ type HTTPHandler struct {
 	exec     *Executor
 	mcp      *mcpserver.StreamableHTTPServer
 	sessions *sessionTable
+	splice   bool // encode results once (splice.go)
+	hosts    *hostguard.Guard
 
 	ipMu sync.Mutex
 	ips  map[string]*rate.Limiter
@@ -77,6 +90,9 @@ func NewHTTPHandler(cfg HTTPConfig) (*HTTPHandler, error) {
 	}
 	if cfg.MaxSessionsPerToken <= 0 {
 		cfg.MaxSessionsPerToken = 8
+	}
+	if cfg.MaxSessionsPerIP <= 0 {
+		cfg.MaxSessionsPerIP = 16
 	}
 	if cfg.IdleTTL <= 0 {
 		cfg.IdleTTL = 30 * time.Minute
@@ -99,7 +115,7 @@ func NewHTTPHandler(cfg HTTPConfig) (*HTTPHandler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	h := &HTTPHandler{cfg: cfg, ips: map[string]*rate.Limiter{}}
+	h := &HTTPHandler{cfg: cfg, ips: map[string]*rate.Limiter{}, splice: spliceable(), hosts: hostguard.New(cfg.AllowedHosts)}
 	ec := cfg.Config
 	ec.Mode = ModeEndpoint
 	if ec.Bindings.Now == nil {
@@ -120,9 +136,12 @@ func NewHTTPHandler(cfg HTTPConfig) (*HTTPHandler, error) {
 		return nil, err
 	}
 	h.exec = e
-	h.sessions = &sessionTable{cfg: &h.cfg, m: map[string]*httpSession{}, dropped: e.bindings.DropScope}
+	h.sessions = &sessionTable{cfg: &h.cfg, m: map[string]*httpSession{}, reserved: map[string]int{}, dropped: e.bindings.DropScope}
 	h.mcp = mcpserver.NewStreamableHTTPServer(s,
 		mcpserver.WithStateful(true), // DELETE ends a session; 404 after
+		// The Host check is ours (ServeHTTP): it also allows the configured
+		// public host and answers with the JSON envelope, audited.
+		mcpserver.WithDisableLocalhostProtection(true),
 		mcpserver.WithSessionIdManagerResolver(h.sessions),
 		mcpserver.WithStreamableHTTPLogger(e.log),
 	)
@@ -154,16 +173,8 @@ func (h *HTTPHandler) audit(r *http.Request, event string, detail map[string]any
 		return
 	}
 	detail["endpoint"] = "/agent/mcp"
-	detail["ip"] = clientIP(r)
+	detail["ip"] = clientip.Of(r, h.cfg.TrustProxy)
 	h.cfg.Audit.Record(r.Context(), audit.Entry{At: h.cfg.Now().UnixMilli(), Event: event, Detail: detail})
-}
-
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }
 
 func (h *HTTPHandler) originAllowed(r *http.Request) bool {
@@ -188,6 +199,11 @@ type reservationKey struct{}
 // ServeHTTP checks Origin, gates session creation (per-IP rate, capacity),
 // then hands the request to mcp-go.
 func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.hosts.Allowed(r) {
+		h.audit(r, audit.EventRefused, map[string]any{"status": http.StatusForbidden, "code": "forbidden-host", "host": r.Host})
+		writeJSONError(w, http.StatusForbidden, "forbidden-host", 0)
+		return
+	}
 	if rid := r.Header.Get("X-Request-Id"); rid != "" && audit.ValidRequestID(rid) {
 		r = r.WithContext(audit.WithRequestID(r.Context(), rid))
 	}
@@ -216,6 +232,11 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.allocate(w, r)
 			return
 		}
+		if h.splice {
+			sp := &splicer{}
+			w = &spliceWriter{ResponseWriter: w, sp: sp}
+			r = r.WithContext(withSplicer(r.Context(), sp))
+		}
 	} else if r.Method == http.MethodGet && r.Header.Get(mcpserver.HeaderKeySessionID) == "" && !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadRequest)
@@ -234,7 +255,9 @@ func isInitialize(body []byte) bool {
 
 // allocate serves an initialize that will mint a session.
 func (h *HTTPHandler) allocate(w http.ResponseWriter, r *http.Request) {
-	lim := h.limiter(clientIP(r))
+	addr := clientip.Of(r, h.cfg.TrustProxy)
+	ip := clientip.Key(addr)
+	lim := h.limiter(ip)
 	res := lim.Reserve()
 	if d := res.Delay(); d > 0 {
 		res.Cancel()
@@ -242,7 +265,10 @@ func (h *HTTPHandler) allocate(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusTooManyRequests, "rate-limited", d)
 		return
 	}
-	rv, ok := h.sessions.reserve()
+	rv, evicted, ok := h.sessions.reserve(ip, isLoopback(addr))
+	for _, ev := range evicted {
+		h.exec.log.Info("mcp: session evicted to make room", "session", ev.id, "ip", ev.ip, "connected", ev.authenticated, "for_ip", ip)
+	}
 	if !ok {
 		h.audit(r, audit.EventRateLimited, map[string]any{"reason": "session-capacity"})
 		w.Header().Set("Retry-After", "30")
@@ -267,16 +293,47 @@ func (h *HTTPHandler) limiter(ip string) *rate.Limiter {
 	return l
 }
 
+// isLoopback reports whether addr is a loopback address.
+func isLoopback(addr string) bool {
+	a, err := netip.ParseAddr(strings.Trim(addr, "[]"))
+	return err == nil && a.Unmap().IsLoopback()
+}
+
 // --- session table -------------------------------------------------------
+
+// The table is fair by construction. Every session belongs to a client IP
+// (IPv6: its /64) and, once connect_session binds it, to a token. Making
+// room for a new session never refuses it while anything can be evicted,
+// and the one evicted is always taken from the biggest holder:
+//
+//  1. over MaxUnauthenticatedSessions, a session that never connected goes:
+//     the least recently used one of the IP holding the most of them;
+//  2. a client IP at MaxSessionsPerIP pays with one of its own sessions;
+//  3. a full table evicts from the IP holding the most sessions.
+//
+// Within an IP the victim is a session that never connected if there is
+// one, else the least recently used session of the token with the most
+// sessions (among equals, the one whose least recently used session is
+// oldest). So one IP with a handful of anonymous tokens holds at most
+// MaxSessionsPerIP of MaxSessions, and a client from elsewhere always gets
+// a slot. Loopback clients are exempt from the cap per IP: they are everyone
+// on the machine, and the cap would only shrink the table for all of them;
+// among them the cap per token (MaxSessionsPerToken) and "biggest token
+// first" keep one token's sessions from crowding out another's.
 
 type httpSession struct {
 	id            string
+	ip            string // clientip key
 	created, used time.Time
 	authenticated bool
 	tokenKey      string
 }
 
-type reservation struct{ used bool }
+type reservation struct {
+	ip       string
+	loopback bool
+	used     bool
+}
 
 // sessionTable is mcp-go's SessionIdManager(+Resolver) for the endpoint: it
 // mints ids only against a reservation taken by allocate, tracks use, expires
@@ -287,7 +344,8 @@ type sessionTable struct {
 
 	mu         sync.Mutex
 	m          map[string]*httpSession
-	reserved   int
+	reserved   map[string]int // reservations not yet turned into sessions, per IP
+	nreserved  int
 	tombstones []string // DELETEd or evicted ids, so they answer 404 (bounded)
 	dead       map[string]bool
 }
@@ -312,21 +370,25 @@ func newSessionID() string {
 }
 
 // Generate mints an id. Without a reservation (a path allocate did not gate)
-// it still registers the session as unauthenticated, evicting the LRU
-// unauthenticated one if needed.
+// it still registers the session as unauthenticated, making room as reserve
+// does.
 func (m *tableManager) Generate() string {
 	t := m.t
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	now := t.cfg.Now()
+	ip := ""
+	var dropped []*httpSession
 	if m.rv != nil && !m.rv.used {
 		m.rv.used = true
-		t.reserved--
+		ip = m.rv.ip
+		t.unreserveLocked(ip)
 	} else {
-		t.makeRoomLocked(now)
+		dropped, _ = t.makeRoomLocked(now, ip, false)
 	}
 	id := newSessionID()
-	t.m[id] = &httpSession{id: id, created: now, used: now}
+	t.m[id] = &httpSession{id: id, ip: ip, created: now, used: now}
+	t.mu.Unlock()
+	t.forget(dropped)
 	return id
 }
 
@@ -355,88 +417,193 @@ func (m *tableManager) Validate(id string) (bool, error) {
 func (m *tableManager) Terminate(id string) (bool, error) {
 	t := m.t
 	t.mu.Lock()
-	_, ok := t.m[id]
-	if ok {
-		t.killLocked(id)
+	s := t.m[id]
+	if s != nil {
+		t.killLocked(s)
 	}
 	t.mu.Unlock()
-	if ok {
-		t.forget([]string{id})
+	if s != nil {
+		t.forget([]*httpSession{s})
 	}
 	return false, nil
 }
 
-func (t *sessionTable) killLocked(id string) {
-	delete(t.m, id)
+func (t *sessionTable) killLocked(s *httpSession) {
+	delete(t.m, s.id)
 	if t.dead == nil {
 		t.dead = map[string]bool{}
 	}
-	t.dead[id] = true
-	t.tombstones = append(t.tombstones, id)
+	t.dead[s.id] = true
+	t.tombstones = append(t.tombstones, s.id)
 	if max := 4 * t.cfg.MaxSessions; len(t.tombstones) > max {
 		delete(t.dead, t.tombstones[0])
 		t.tombstones = t.tombstones[1:]
 	}
 }
 
-func (t *sessionTable) forget(ids []string) {
-	for _, id := range ids {
-		t.dropped(id)
+func (t *sessionTable) forget(ss []*httpSession) {
+	for _, s := range ss {
+		t.dropped(s.id)
+	}
+}
+
+func (t *sessionTable) unreserveLocked(ip string) {
+	t.nreserved--
+	if t.reserved[ip]--; t.reserved[ip] <= 0 {
+		delete(t.reserved, ip)
 	}
 }
 
 // sweepLocked expires idle sessions and unauthenticated ones past their life.
-func (t *sessionTable) sweepLocked(now time.Time) []string {
-	var out []string
-	for id, s := range t.m {
-		if now.Sub(s.used) > t.cfg.IdleTTL || (!s.authenticated && now.Sub(s.created) > t.cfg.UnauthenticatedLifetime) {
-			t.killLocked(id)
-			out = append(out, id)
-		}
-	}
-	return out
-}
-
-// makeRoomLocked evicts the LRU unauthenticated session when that quota is full.
-func (t *sessionTable) makeRoomLocked(now time.Time) []string {
-	var unauth []*httpSession
+func (t *sessionTable) sweepLocked(now time.Time) []*httpSession {
+	var out []*httpSession
 	for _, s := range t.m {
-		if !s.authenticated {
-			unauth = append(unauth, s)
+		if now.Sub(s.used) > t.cfg.IdleTTL || (!s.authenticated && now.Sub(s.created) > t.cfg.UnauthenticatedLifetime) {
+			t.killLocked(s)
+			out = append(out, s)
 		}
-	}
-	if len(unauth)+t.reserved < t.cfg.MaxUnauthenticatedSessions || len(unauth) == 0 {
-		return nil
-	}
-	sort.Slice(unauth, func(i, j int) bool { return unauth[i].used.Before(unauth[j].used) })
-	n := len(unauth) + t.reserved - t.cfg.MaxUnauthenticatedSessions + 1
-	if n > len(unauth) {
-		n = len(unauth)
-	}
-	var out []string
-	for _, s := range unauth[:n] {
-		t.killLocked(s.id)
-		out = append(out, s.id)
 	}
 	return out
 }
 
-// reserve takes a slot for a new session, or reports capacity.
-func (t *sessionTable) reserve() (*reservation, bool) {
+// count is how many sessions (plus reservations) match, per IP.
+func (t *sessionTable) countLocked(match func(*httpSession) bool, withReserved bool) (map[string]int, int) {
+	per := map[string]int{}
+	n := 0
+	for _, s := range t.m {
+		if match(s) {
+			per[s.ip]++
+			n++
+		}
+	}
+	if withReserved {
+		for ip, r := range t.reserved {
+			per[ip] += r
+			n += r
+		}
+	}
+	return per, n
+}
+
+// biggestLocked is the IP holding the most of per (ties: the one whose least
+// recently used matching session is oldest, then the smaller key).
+func (t *sessionTable) biggestLocked(per map[string]int, match func(*httpSession) bool) string {
+	best, bestN := "", -1
+	var bestLRU time.Time
+	for ip, n := range per {
+		lru := t.lruLocked(func(s *httpSession) bool { return s.ip == ip && match(s) })
+		if lru == nil {
+			continue // only reservations: nothing to evict there
+		}
+		if n > bestN || (n == bestN && (lru.used.Before(bestLRU) || (lru.used.Equal(bestLRU) && ip < best))) {
+			best, bestN, bestLRU = ip, n, lru.used
+		}
+	}
+	return best
+}
+
+func (t *sessionTable) lruLocked(match func(*httpSession) bool) *httpSession {
+	var out *httpSession
+	for _, s := range t.m {
+		if match(s) && (out == nil || s.used.Before(out.used) || (s.used.Equal(out.used) && s.id < out.id)) {
+			out = s
+		}
+	}
+	return out
+}
+
+// victimLocked picks the session to evict from ip: one that never connected
+// if any, else the least recently used one of ip's biggest token group.
+func (t *sessionTable) victimLocked(ip string) *httpSession {
+	if s := t.lruLocked(func(s *httpSession) bool { return s.ip == ip && !s.authenticated }); s != nil {
+		return s
+	}
+	per := map[string]int{}
+	lru := map[string]*httpSession{}
+	for _, s := range t.m {
+		if s.ip == ip {
+			per[s.tokenKey]++
+			if l := lru[s.tokenKey]; l == nil || s.used.Before(l.used) || (s.used.Equal(l.used) && s.id < l.id) {
+				lru[s.tokenKey] = s
+			}
+		}
+	}
+	// The token with the most sessions; among equals, the one whose least
+	// recently used session is oldest.
+	var victim *httpSession
+	n := -1
+	for k, c := range per {
+		l := lru[k]
+		if c > n || (c == n && (l.used.Before(victim.used) || (l.used.Equal(victim.used) && l.id < victim.id))) {
+			victim, n = l, c
+		}
+	}
+	return victim
+}
+
+// makeRoomLocked evicts what a new session from ip needs (see the rules
+// above) and reports whether a slot is free for it.
+func (t *sessionTable) makeRoomLocked(now time.Time, ip string, loopback bool) ([]*httpSession, bool) {
+	var out []*httpSession
+	evict := func(s *httpSession) {
+		t.killLocked(s)
+		out = append(out, s)
+	}
+	unauth := func(s *httpSession) bool { return !s.authenticated }
+	all := func(*httpSession) bool { return true }
+	// 1. sessions that never connected
+	if per, n := t.countLocked(unauth, true); n >= t.cfg.MaxUnauthenticatedSessions {
+		if big := t.biggestLocked(per, unauth); big != "" {
+			evict(t.lruLocked(func(s *httpSession) bool { return s.ip == big && unauth(s) }))
+		}
+	}
+	// 2. this IP's share
+	for !loopback {
+		if per, _ := t.countLocked(all, true); per[ip] < t.cfg.MaxSessionsPerIP {
+			break
+		}
+		v := t.victimLocked(ip)
+		if v == nil {
+			break // only its own initializes in flight
+		}
+		evict(v)
+	}
+	// 3. the whole table
+	for {
+		per, n := t.countLocked(all, true)
+		if n < t.cfg.MaxSessions {
+			return out, true
+		}
+		big := t.biggestLocked(per, all)
+		if big == "" {
+			return out, false // every slot is a reservation in flight
+		}
+		evict(t.victimLocked(big))
+	}
+}
+
+// reserve takes a slot for a new session from ip, evicting as needed (the
+// evicted are returned, for the log). false only when every slot is taken by
+// initializes still in flight.
+func (t *sessionTable) reserve(ip string, loopback bool) (*reservation, []*httpSession, bool) {
 	t.mu.Lock()
 	now := t.cfg.Now()
 	dropped := t.sweepLocked(now)
-	dropped = append(dropped, t.makeRoomLocked(now)...)
-	ok := len(t.m)+t.reserved < t.cfg.MaxSessions
+	evicted, ok := t.makeRoomLocked(now, ip, loopback)
 	if ok {
-		t.reserved++
+		if t.reserved == nil {
+			t.reserved = map[string]int{}
+		}
+		t.reserved[ip]++
+		t.nreserved++
 	}
 	t.mu.Unlock()
 	t.forget(dropped)
+	t.forget(evicted)
 	if !ok {
-		return nil, false
+		return nil, evicted, false
 	}
-	return &reservation{}, true
+	return &reservation{ip: ip, loopback: loopback}, evicted, true
 }
 
 // release returns an unused reservation (the initialize failed before Generate).
@@ -445,7 +612,7 @@ func (t *sessionTable) release(rv *reservation) {
 	defer t.mu.Unlock()
 	if !rv.used {
 		rv.used = true
-		t.reserved--
+		t.unreserveLocked(rv.ip)
 	}
 }
 
@@ -468,12 +635,12 @@ func (t *sessionTable) authenticate(id, key string) {
 			same = append(same, o)
 		}
 	}
-	var dropped []string
+	var dropped []*httpSession
 	if extra := len(same) + 1 - t.cfg.MaxSessionsPerToken; extra > 0 {
 		sort.Slice(same, func(i, j int) bool { return same[i].used.Before(same[j].used) })
 		for _, o := range same[:extra] {
-			t.killLocked(o.id)
-			dropped = append(dropped, o.id)
+			t.killLocked(o)
+			dropped = append(dropped, o)
 		}
 	}
 	t.mu.Unlock()

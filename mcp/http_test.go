@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -157,8 +158,9 @@ func TestHTTPBothEras(t *testing.T) {
 		t.Fatalf("legacy default binding: %s", out.Text)
 	}
 	res, err := legacy.ListTools(context.Background(), mcpgo.ListToolsRequest{})
-	if err != nil || len(res.Tools) != 16 || res.Tools[0].Name != "connect_session" {
-		t.Fatalf("list over HTTP: %v", err)
+	// The default tool set is the core.
+	if err != nil || len(res.Tools) != 6 || res.Tools[0].Name != "connect_session" {
+		t.Fatalf("list over HTTP: %v (%d tools)", err, len(res.Tools))
 	}
 }
 
@@ -190,17 +192,21 @@ func TestHTTPDeleteThen404(t *testing.T) {
 func TestHTTPCapacity(t *testing.T) {
 	t.Parallel()
 	hh := newHTTPHarness(t, func(c *HTTPConfig) { c.MaxSessions = 2; c.MaxUnauthenticatedSessions = 16 })
-	for i := 0; i < 2; i++ {
-		if r := hh.raw(http.MethodPost, "", initBody, nil); r.StatusCode != http.StatusOK {
+	var ids []string
+	for i := 0; i < 3; i++ {
+		r := hh.raw(http.MethodPost, "", initBody, nil)
+		if r.StatusCode != http.StatusOK {
 			t.Fatalf("init %d: %d", i, r.StatusCode)
 		}
+		ids = append(ids, r.Header.Get("Mcp-Session-Id"))
 	}
-	r := hh.raw(http.MethodPost, "", initBody, nil)
-	if r.StatusCode != http.StatusServiceUnavailable || r.Header.Get("Retry-After") != "30" {
-		t.Fatalf("third init: %d %q", r.StatusCode, r.Header.Get("Retry-After"))
+	// A full table makes room (the caller's own least recently used
+	// session here) instead of refusing everyone.
+	if n := hh.h.Sessions(); n != 2 {
+		t.Fatalf("%d sessions, want 2", n)
 	}
-	if !hh.audit.has(audit.EventRateLimited, "reason", "session-capacity") {
-		t.Fatal("capacity refusal not audited")
+	if r := hh.raw(http.MethodPost, ids[0], listBody, nil); r.StatusCode != http.StatusNotFound {
+		t.Fatalf("evicted session answered %d", r.StatusCode)
 	}
 }
 
@@ -274,5 +280,98 @@ func TestHTTPCreateRateLimit(t *testing.T) {
 	}
 	if !hh.audit.has(audit.EventRateLimited, "reason", "session-create") {
 		t.Fatal("rate limit not audited")
+	}
+}
+
+// Over /agent/mcp the executor encodes a result once and the response writer
+// splices it into mcp-go's response: what a client receives is the same as
+// without splicing (structuredContent, and the same JSON as text), in JSON
+// and in SSE responses, in both eras, with no marker left.
+func TestHTTPResultSpliced(t *testing.T) {
+	t.Parallel()
+	if !spliceable() {
+		t.Fatal("mcp-go encodes the placeholder differently: splicing is off (update splice.go)")
+	}
+	hh := newHTTPHarness(t, nil)
+	state := `{"todos":["a \"quoted\" one","<b>&</b>","é\u2028"],"n":1}`
+	hh.lap.on("/observe", func(int, fakeCall) (any, error) {
+		return json.RawMessage(`{"state":` + state + `,"actions":[],"description":{"name":"Todo"},"context":null,"health":{"connected":true}}`), nil
+	})
+	// wait_for_change sends a progress notification first, which turns the
+	// response into an SSE stream; the fake LAP answers once the client has
+	// it, so the result is written as an SSE event.
+	progressed := make(chan struct{}, 1)
+	hh.lap.on("/wait", func(int, fakeCall) (any, error) {
+		<-progressed
+		return json.RawMessage(`{"status":"changed","stateAfter":` + state + `}`), nil
+	})
+	for _, legacy := range []bool{false, true} {
+		c := hh.client(legacy)
+		c.OnNotification(func(n mcpgo.JSONRPCNotification) {
+			if n.Method == "notifications/progress" {
+				select {
+				case progressed <- struct{}{}:
+				default:
+				}
+			}
+		})
+		h := callOn(t, c, "connect_session", map[string]any{"token": tokA}, nil).SC["session"]
+		for _, tool := range []string{"observe", "wait_for_change"} {
+			req := mcpgo.CallToolRequest{}
+			req.Params.Name = tool
+			req.Params.Arguments = map[string]any{"session": h}
+			if tool == "wait_for_change" {
+				req.Params.Meta = &mcpgo.Meta{ProgressToken: "p"}
+			}
+			res, err := c.CallTool(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc, _ := mcpgo.AsTextContent(res.Content[0])
+			if len(res.Content) != 1 || string(res.RawStructuredContent) != tc.Text || strings.Contains(tc.Text, splicePrefix) {
+				t.Fatalf("legacy=%v: text %q, structuredContent %s", legacy, tc.Text, res.RawStructuredContent)
+			}
+			var got map[string]any
+			key := "state"
+			if tool == "wait_for_change" {
+				key = "stateAfter"
+			}
+			if json.Unmarshal(res.RawStructuredContent, &got) != nil || mcpJSON(got[key]) != compactState(state) {
+				t.Fatalf("legacy=%v: structuredContent %s", legacy, res.RawStructuredContent)
+			}
+		}
+	}
+}
+
+func compactState(s string) string {
+	var v any
+	_ = json.Unmarshal([]byte(s), &v)
+	return mcpJSON(v)
+}
+
+func TestSpliceApply(t *testing.T) {
+	t.Parallel()
+	sp := &splicer{}
+	ph := sp.put([]byte(`{"a":"x"}`))
+	m := ph.Content[0].(mcpgo.TextContent).Text
+	in := []byte(`{"result":{"content":[{"type":"text","text":"` + m + `"}],"resultType":"complete"}}`)
+	out, ok := sp.apply(in)
+	if want := `{"result":{"content":[{"type":"text","text":"{\"a\":\"x\"}"}],"structuredContent":{"a":"x"},"resultType":"complete"}}`; !ok || string(out) != want {
+		t.Fatalf("apply:\n got %s\nwant %s", out, want)
+	}
+	// used once; an unknown or forged marker passes through untouched
+	if _, ok := sp.apply(in); ok {
+		t.Fatal("a marker was spliced twice")
+	}
+	// an SSE event
+	ph = sp.put([]byte(`[1]`))
+	m = ph.Content[0].(mcpgo.TextContent).Text
+	if out, ok := sp.apply([]byte("event: message\ndata: {\"content\":[{\"type\":\"text\",\"text\":\"" + m + "\"}]}\n\n")); !ok ||
+		string(out) != "event: message\ndata: {\"content\":[{\"type\":\"text\",\"text\":\"[1]\"}],\"structuredContent\":[1]}\n\n" {
+		t.Fatalf("SSE: %q", out)
+	}
+	forged := []byte(`{"text":"` + splicePrefix + `999"}`)
+	if _, ok := sp.apply(forged); ok {
+		t.Fatal("a forged marker was spliced")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log"
+	"log/slog"
 	"slices"
 
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
@@ -42,7 +43,7 @@ func NewServer(cfg Config) (*mcpserver.MCPServer, *Executor, error) {
 		mcpserver.WithInstructions(Instructions),
 		mcpserver.WithTitle("lapd — drive a live web app"),
 		mcpserver.WithRecovery(),
-		mcpserver.WithLogger(e.log),
+		mcpserver.WithLogger(mcpgoLogger(e.log)),
 	)
 	e.Register(s)
 	return s, e, nil
@@ -74,6 +75,37 @@ type slogWriter struct{ e *Executor }
 func (w slogWriter) Write(p []byte) (int, error) {
 	w.e.log.Warn("mcp stdio: " + string(p))
 	return len(p), nil
+}
+
+// mcpgoLogger is the logger mcp-go gets. mcp-go logs every request and
+// every tool call at Info; lapd audits tool calls through LAP already, so at
+// the default level these lines were noise and a write per call. They are
+// handed down to Debug (--log-level debug shows them); warnings and errors
+// keep their level.
+func mcpgoLogger(l *slog.Logger) *slog.Logger { return slog.New(infoAsDebug{l.Handler()}) }
+
+type infoAsDebug struct{ slog.Handler }
+
+func (h infoAsDebug) Enabled(ctx context.Context, l slog.Level) bool {
+	if l == slog.LevelInfo {
+		l = slog.LevelDebug
+	}
+	return h.Handler.Enabled(ctx, l)
+}
+
+func (h infoAsDebug) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level == slog.LevelInfo {
+		r.Level = slog.LevelDebug
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h infoAsDebug) WithAttrs(as []slog.Attr) slog.Handler {
+	return infoAsDebug{h.Handler.WithAttrs(as)}
+}
+
+func (h infoAsDebug) WithGroup(name string) slog.Handler {
+	return infoAsDebug{h.Handler.WithGroup(name)}
 }
 
 func rank(order map[string]int, name string) int {

@@ -25,6 +25,18 @@ type Binding struct {
 	SchemaHash string    // last seen description.schemaHash
 	CreatedAt  time.Time // bind time
 	LastUsed   time.Time // last tool call that used it
+
+	// What the model was last shown through this binding (lean.go): the
+	// action list (shownSet false = never, or too large to remember), as LAP
+	// sent it (shownRaw) and as rendered; and the payload signatures of the
+	// app's messages, with the description.messages they came from. The
+	// raw bytes let a call that gets the same list or messages skip the
+	// rendering.
+	shown    []leanAction
+	shownRaw []byte
+	shownSet bool
+	sigs     map[string]string
+	sigsRaw  []byte
 }
 
 // BindingSummary is what the model may see about a binding (no token).

@@ -19,7 +19,7 @@ func TestRefusedBeforeUpgrade(t *testing.T) {
 	ctx := context.Background()
 
 	revoked, revokedTID := e.mint("u")
-	if _, err := e.tm.Revoke(ctx, revokedTID, "u"); err != nil {
+	if _, err := e.tm.Revoke(ctx, revokedTID, tokens.Owner{UID: "u"}); err != nil {
 		t.Fatal(err)
 	}
 	graceGone, graceTID := e.mint("")
@@ -89,23 +89,36 @@ func TestRefusedBeforeUpgrade(t *testing.T) {
 
 func TestOriginCheck(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.AllowedOrigins = []string{"https://app.example"} })
-	host := e.srv.Listener.Addr().String()
+	direct := newEnv(t, func(c *Config, _ *tokens.Config) { c.AllowedOrigins = []string{"https://app.example"} })
+	proxied := newEnv(t, func(c *Config, _ *tokens.Config) {
+		c.AllowedOrigins = []string{"https://app.example"}
+		c.TrustProxy = 1
+		c.PublicURL = "https://lapd.example"
+	})
+	host := direct.srv.Listener.Addr().String()
+	phost := proxied.srv.Listener.Addr().String()
+	forwarded := http.Header{"Origin": {"https://public.example"}, "X-Forwarded-Proto": {"https, http"}, "X-Forwarded-Host": {"public.example"}}
 	tests := []struct {
 		name   string
+		e      *env
 		header http.Header
 		ok     bool
 	}{
-		{"no origin", nil, true},
-		{"same origin", http.Header{"Origin": {"http://" + host}}, true},
-		{"allowlisted", http.Header{"Origin": {"https://app.example"}}, true},
-		{"forwarded same origin", http.Header{"Origin": {"https://public.example"}, "X-Forwarded-Proto": {"https, http"}, "X-Forwarded-Host": {"public.example"}}, true},
-		{"cross origin", http.Header{"Origin": {"https://evil.example"}}, false},
-		{"scheme mismatch", http.Header{"Origin": {"https://" + host}}, false},
-		{"forwarded host mismatch", http.Header{"Origin": {"http://" + host}, "X-Forwarded-Host": {"public.example"}}, false},
+		{"no origin", direct, nil, true},
+		{"same origin", direct, http.Header{"Origin": {"http://" + host}}, true},
+		{"allowlisted", direct, http.Header{"Origin": {"https://app.example"}}, true},
+		// Without --trust-proxy a direct client could write X-Forwarded-* to
+		// make any Origin look same-origin.
+		{"forwarded without trusted proxy", direct, forwarded, false},
+		{"forwarded same origin", proxied, forwarded, true},
+		{"public url", proxied, http.Header{"Origin": {"https://lapd.example"}}, true},
+		{"cross origin", direct, http.Header{"Origin": {"https://evil.example"}}, false},
+		{"scheme mismatch", direct, http.Header{"Origin": {"https://" + host}}, false},
+		{"forwarded host mismatch", proxied, http.Header{"Origin": {"http://" + phost}, "X-Forwarded-Host": {"public.example"}}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			e := tc.e
 			tok, _ := e.mint("")
 			ws, resp, err := e.dialRaw(tok, dialOpts{header: tc.header})
 			if tc.ok {

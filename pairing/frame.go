@@ -2,6 +2,7 @@ package pairing
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -166,6 +167,16 @@ func (c *conn) handle(b []byte) {
 			hooks.OnLogAppend(s.tid, f.Entry)
 		}
 	case "confirm-resolved":
+		if c.noApprove {
+			// This socket took over a live tab without the tab secret
+			// (whoever holds the agent token can open one): its
+			// approvals are not the human's.
+			r.refusedApprovals.Add(1)
+			r.cfg.Audit.Record(context.Background(), audit.Entry{TID: s.tid, Event: audit.EventRefused,
+				Detail: map[string]any{"endpoint": wsEndpoint, "code": "approval-refused", "confirmId": f.ConfirmID,
+					"detail": "confirm-resolved from a socket that superseded a live tab without the tab secret"}})
+			return
+		}
 		if hooks.OnConfirmResolved != nil {
 			hooks.OnConfirmResolved(s.tid, ConfirmResolved{ConfirmID: f.ConfirmID, Outcome: f.Outcome, StateAfter: f.StateAfter})
 		}

@@ -10,11 +10,21 @@
 //	defer reg.Shutdown(ctx)
 //
 // The token (from ?token=, Authorization: Bearer, or a Sec-WebSocket-Protocol
-// entry "lapd.token.<token>") and the Origin are checked before the upgrade:
+// entry "lapd.token.<token>"), the tab secret of a session minted with one
+// (entry "lapd.tab.<secret>") and the Origin are checked before the upgrade:
 // a refusal is an HTTP 401/403 with the JSON error envelope, never
 // 101-then-close. A tab that gets through is registered under its tid; a newer
-// socket for the same tid supersedes the old one (closed with 4002) and
-// inherits its in-flight calls and watches. The server sends nothing until the
+// socket for the same tid supersedes the old one (closed with 4002, audited
+// "supersede") and inherits its in-flight calls and watches.
+//
+// # Which socket speaks for the human
+//
+// The agent token is in the LLM side's hands. A session minted with a tab
+// secret (lapd.js asks for one) opens only with it, so the LLM side cannot
+// open the tab's socket at all. A session minted without one (a reference
+// client) opens with the token alone, as in the reference; then a socket that
+// supersedes a live one cannot approve: its confirm-resolved frames are
+// refused (audited), since it may be the LLM side taking over the tab. The server sends nothing until the
 // tab's hello, answers hello-ack{lapVersion, minClientVersion, heartbeatMs},
 // then calls Hooks.OnPaired.
 //
@@ -130,6 +140,7 @@ type Stats struct {
 	Superseded          int64 // sockets closed because a newer one for the same tid arrived
 	HeartbeatCloses     int64 // sockets closed with 4408
 	QueueOverflowCloses int64 // sockets closed with 4008
+	RefusedApprovals    int64 // confirm-resolved frames refused (a socket that superseded a live tab without the tab secret)
 	ActiveTabs          int   // tids with a live socket now
 
 	FramesIn, FramesOut int64 // WebSocket messages read from and written to tabs
@@ -167,6 +178,8 @@ type Config struct {
 	Audit          *audit.Log      // nil = no audit
 	Logger         *slog.Logger    // nil = discard
 	AllowedOrigins []string        // exact Origin values allowed besides same-origin
+	TrustProxy     int             // > 0: same-origin is judged from X-Forwarded-Proto/-Host (set by trusted proxies only)
+	PublicURL      string          // the public origin (https://app.example.com), always allowed
 	PingInterval   time.Duration   // default 15s; a tab that misses two pongs is closed
 	RPCTimeout     time.Duration   // default 15s (Call with timeout 0)
 	SendQueue      int             // frames queued per tab; default 256; full → tab closed
@@ -194,6 +207,7 @@ type Registry struct {
 
 	malformed, unknown, unknownReplies, refused atomic.Int64
 	superseded, hbCloses, overflowCloses        atomic.Int64
+	refusedApprovals                            atomic.Int64
 	framesIn, framesOut, bytesIn, bytesOut      atomic.Int64
 }
 
@@ -283,6 +297,7 @@ func (r *Registry) Stats() Stats {
 		Superseded:          r.superseded.Load(),
 		HeartbeatCloses:     r.hbCloses.Load(),
 		QueueOverflowCloses: r.overflowCloses.Load(),
+		RefusedApprovals:    r.refusedApprovals.Load(),
 		ActiveTabs:          active,
 		FramesIn:            r.framesIn.Load(),
 		FramesOut:           r.framesOut.Load(),

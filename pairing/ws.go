@@ -25,6 +25,8 @@ import (
 const (
 	Subprotocol         = "lapd.v2"
 	TokenProtocolPrefix = "lapd.token."
+	// TabProtocolPrefix carries the tab secret: "lapd.tab.<secret>".
+	TabProtocolPrefix = "lapd.tab."
 )
 
 const wsEndpoint = "/agent/ws"
@@ -37,6 +39,10 @@ type conn struct {
 	ws     *websocket.Conn
 	nc     net.Conn // the hijacked connection, to bound a close handshake
 	repair bool
+	// tab: the socket proved the session's tab secret. noApprove: it did
+	// not, and it superseded a live socket; its confirm-resolved frames are
+	// refused.
+	tab, noApprove bool
 
 	mu       sync.Mutex
 	q        [][]byte
@@ -77,6 +83,9 @@ func (r *Registry) refuse(w http.ResponseWriter, status int, code, detail, tid s
 	if status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "5")
 	}
+	if status == http.StatusUnauthorized { // RFC 7235 §3.1, RFC 6750 §3
+		w.Header().Set("WWW-Authenticate", `Bearer realm="lapd"`)
+	}
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": body})
 	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventRefused,
@@ -84,7 +93,9 @@ func (r *Registry) refuse(w http.ResponseWriter, status int, code, detail, tid s
 }
 
 // originAllowed is the CSWSH defence: no Origin (not a browser), an
-// allowlisted Origin, or the request's own origin.
+// allowlisted Origin, the PublicURL, or the request's own origin. The own
+// origin is built from X-Forwarded-Proto/-Host only behind a trusted proxy
+// (TrustProxy > 0): a direct client could write anything there.
 func (r *Registry) originAllowed(req *http.Request) bool {
 	origin := req.Header.Get("Origin")
 	if origin == "" {
@@ -95,16 +106,21 @@ func (r *Registry) originAllowed(req *http.Request) bool {
 			return true
 		}
 	}
+	if r.cfg.PublicURL != "" && strings.EqualFold(origin, strings.TrimRight(r.cfg.PublicURL, "/")) {
+		return true
+	}
 	scheme := "http"
 	if req.TLS != nil {
 		scheme = "https"
 	}
-	if p := firstValue(req.Header.Get("X-Forwarded-Proto")); p != "" {
-		scheme = p
-	}
 	host := req.Host
-	if h := firstValue(req.Header.Get("X-Forwarded-Host")); h != "" {
-		host = h
+	if r.cfg.TrustProxy > 0 {
+		if p := firstValue(req.Header.Get("X-Forwarded-Proto")); p == "http" || p == "https" {
+			scheme = p
+		}
+		if h := firstValue(req.Header.Get("X-Forwarded-Host")); h != "" {
+			host = h
+		}
 	}
 	return strings.EqualFold(origin, scheme+"://"+host)
 }
@@ -123,9 +139,15 @@ func bearer(req *http.Request) string {
 	if a := req.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
 		return strings.TrimSpace(a[7:])
 	}
+	return protocolValue(req, TokenProtocolPrefix)
+}
+
+// protocolValue is the value of the first Sec-WebSocket-Protocol entry
+// "<prefix><value>", or "".
+func protocolValue(req *http.Request, prefix string) string {
 	for _, h := range req.Header.Values("Sec-WebSocket-Protocol") {
 		for _, p := range strings.Split(h, ",") {
-			if t, ok := strings.CutPrefix(strings.TrimSpace(p), TokenProtocolPrefix); ok && t != "" {
+			if t, ok := strings.CutPrefix(strings.TrimSpace(p), prefix); ok && t != "" {
 				return t
 			}
 		}
@@ -182,8 +204,11 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	ctx := req.Context()
-	rec, repair, err := r.cfg.Tokens.Accept(ctx, token)
+	rec, repair, err := r.cfg.Tokens.AcceptTab(ctx, token, protocolValue(req, TabProtocolPrefix))
 	switch {
+	case errors.Is(err, tokens.ErrTabSecret):
+		r.refuse(w, http.StatusUnauthorized, "auth-failed", "this session's socket opens with its tab secret (sub-protocol lapd.tab.<secret>), which only the tab that minted it holds", rec.TID)
+		return
 	case errors.Is(err, tokens.ErrRevoked):
 		r.refuse(w, http.StatusForbidden, "revoked", "token revoked", rec.TID)
 		return
@@ -196,7 +221,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	c := &conn{r: r, repair: repair}
+	c := &conn{r: r, repair: repair, tab: rec.TabHash != ""}
 	hr := &hijackRecorder{ResponseWriter: w}
 	ws, err := websocket.Accept(hr, req, &websocket.AcceptOptions{
 		Subprotocols: []string{Subprotocol},
@@ -214,7 +239,8 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	ws.SetReadLimit(r.cfg.MaxFrame)
 	c.ws, c.nc = ws, hr.nc
-	if !r.register(rec.TID, c) { // Shutdown began meanwhile
+	old, ok := r.register(rec.TID, c)
+	if !ok { // Shutdown began meanwhile
 		_, _ = r.cfg.Tokens.Disconnected(context.Background(), rec.TID)
 		if c.nc != nil {
 			_ = c.nc.SetDeadline(time.Now().Add(closeGrace))
@@ -222,19 +248,25 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		ws.Close(CloseRestart, "server restarting")
 		return
 	}
+	if old != nil {
+		r.cfg.Audit.Record(ctx, audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventSupersede,
+			Detail: map[string]any{"tabSecret": c.tab, "approvals": !c.noApprove}})
+	}
 	r.cfg.Audit.Record(ctx, audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventClaim,
 		Detail: map[string]any{"transport": "ws", "repair": repair}})
 	err = c.readLoop()
 	r.connGone(c, err)
 }
 
-// register makes c the tid's socket; an older one is superseded.
-func (r *Registry) register(tid string, c *conn) bool {
+// register makes c the tid's socket; an older live one is superseded (and
+// returned). A socket without the tab secret that supersedes a live one may
+// not approve. false when Shutdown began.
+func (r *Registry) register(tid string, c *conn) (*conn, bool) {
 	now := time.Now().UnixMilli()
 	r.mu.Lock()
 	if r.shutting {
 		r.mu.Unlock()
-		return false
+		return nil, false
 	}
 	s := r.sessions[tid]
 	if s == nil {
@@ -259,10 +291,15 @@ func (r *Registry) register(tid string, c *conn) bool {
 	}
 	r.mu.Unlock()
 	if old != nil {
+		old.mu.Lock()
+		live := !old.closing && !old.gone
+		old.mu.Unlock()
+		// Set before c's reader starts, which is the only one to read it.
+		c.noApprove = live && !c.tab
 		r.superseded.Add(1)
 		old.close(CloseSuperseded, "superseded")
 	}
-	return true
+	return old, true
 }
 
 // connGone runs on the reader goroutine when c's socket has ended.

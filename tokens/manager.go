@@ -94,6 +94,24 @@ func insideGrace(rec Record, now int64) bool {
 // origin and returns the plaintext token (shown once) and the record. It also
 // sweeps dead records lazily, at most once a minute.
 func (m *Manager) Mint(ctx context.Context, uid, origin, label string) (string, Record, error) {
+	return m.mint(ctx, uid, origin, label, "")
+}
+
+// MintTab is Mint plus a tab secret: the tab's own credential, returned in
+// plaintext once and stored hashed. The session's WebSocket then opens only
+// with it (AcceptTab), so the agent token, which the LLM side holds, no
+// longer opens the tab's side; and it proves an anonymous session's
+// ownership for Claim and Revoke.
+func (m *Manager) MintTab(ctx context.Context, uid, origin, label string) (token, tabSecret string, rec Record, err error) {
+	tabSecret, tabHash := GenerateTabSecret()
+	token, rec, err = m.mint(ctx, uid, origin, label, tabHash)
+	if err != nil {
+		return "", "", Record{}, err
+	}
+	return token, tabSecret, rec, nil
+}
+
+func (m *Manager) mint(ctx context.Context, uid, origin, label, tabHash string) (string, Record, error) {
 	now := m.Now()
 	m.maybeSweep(ctx, now)
 	token, hash := Generate()
@@ -107,6 +125,7 @@ func (m *Manager) Mint(ctx context.Context, uid, origin, label string) (string, 
 		LastSeenAt: now,
 		Origin:     origin,
 		Label:      label,
+		TabHash:    tabHash,
 	}
 	if err := m.cfg.Store.Create(ctx, rec); err != nil {
 		return "", Record{}, fmt.Errorf("tokens: mint: %w", err)
@@ -165,14 +184,26 @@ func (m *Manager) check(rec Record, now int64) error {
 	return nil
 }
 
-// Accept is called before a WebSocket upgrade. It verifies the token, refuses a
+// Accept is AcceptTab without a tab secret: it opens only a session minted
+// without one.
+func (m *Manager) Accept(ctx context.Context, token string) (rec Record, repair bool, err error) {
+	return m.AcceptTab(ctx, token, "")
+}
+
+// AcceptTab is called before a WebSocket upgrade. It verifies the token and
+// the tab secret (ErrTabSecret when the session has one and tabSecret is not
+// it, or tabSecret is given for a session without one), refuses a
 // pending-resume record past its grace (ErrExpired), and moves the record to
 // awaiting-claude (or back to active when it was pending-resume inside grace:
-// repair=true).
-func (m *Manager) Accept(ctx context.Context, token string) (rec Record, repair bool, err error) {
+// repair=true). rec.TabHash != "" tells the caller the socket proved the tab
+// secret.
+func (m *Manager) AcceptTab(ctx context.Context, token, tabSecret string) (rec Record, repair bool, err error) {
 	found, err := m.Verify(ctx, token)
 	if err != nil {
 		return found, false, err
+	}
+	if !tabOK(found, tabSecret) {
+		return found, false, ErrTabSecret
 	}
 	rec, err = m.cfg.Store.Update(ctx, found.TID, func(r *Record) error {
 		now := m.Now()
@@ -180,6 +211,9 @@ func (m *Manager) Accept(ctx context.Context, token string) (rec Record, repair 
 		// (revoked, claimed with a new hash) since Verify read it.
 		if r.TokenHash != found.TokenHash {
 			return ErrUnknown
+		}
+		if !tabOK(*r, tabSecret) {
+			return ErrTabSecret
 		}
 		if err := m.check(*r, now); err != nil {
 			return err
@@ -293,17 +327,63 @@ func (m *Manager) ResumeList(ctx context.Context, uid string, tids []string) ([]
 	return out, nil
 }
 
-// Claim rotates the token of a pending-resume record owned by uid and minted
-// from origin, inside its grace window and before hard expiry (unlike the
-// reference), and makes it active with a fresh TTL. ErrForbidden otherwise.
-func (m *Manager) Claim(ctx context.Context, tid, uid, origin string) (string, Record, error) {
+// Owner is who acts on a session in Claim and Revoke: the uid that the host
+// app's identity names ("" = anonymous) and, for an anonymous session, proof
+// that the caller holds it. A uid is proof enough for the uid's own sessions;
+// an anonymous session, owned by nobody in particular, needs its tab secret
+// (or, for a session minted without one, its current agent token): knowing a
+// tid, which appears in logs and audit, is not enough.
+type Owner struct {
+	UID       string
+	TabSecret string // the session's tab secret (MintTab)
+	Token     string // the session's current agent token
+}
+
+// owns reports whether by may act on r. For a claim of a session minted
+// with a tab secret only that secret counts as proof: the agent token is in
+// the LLM side's hands, and a claim hands out a new tab secret.
+func (by Owner) owns(r Record, claim bool) bool {
+	if r.UID != by.UID {
+		return false
+	}
+	if r.UID != "" {
+		return true
+	}
+	if matchHash(by.TabSecret, r.TabHash, HashTabSecret) {
+		return true
+	}
+	if claim && r.TabHash != "" {
+		return false
+	}
+	return matchHash(by.Token, r.TokenHash, Hash)
+}
+
+// tabOK reports whether a socket presenting tabSecret may open r: the
+// session's tab secret if it has one, none if it has none.
+func tabOK(r Record, tabSecret string) bool {
+	if r.TabHash == "" {
+		return tabSecret == ""
+	}
+	return matchHash(tabSecret, r.TabHash, HashTabSecret)
+}
+
+// Claim rotates the token of a pending-resume record that by owns and that
+// was minted from origin, inside its grace window and before hard expiry
+// (unlike the reference), and makes it active with a fresh TTL. A session
+// minted with a tab secret gets a new one too (returned; "" otherwise).
+// ErrForbidden otherwise.
+func (m *Manager) Claim(ctx context.Context, tid, origin string, by Owner) (token, tabSecret string, rec Record, err error) {
 	token, hash := Generate()
-	rec, err := m.cfg.Store.Update(ctx, tid, func(r *Record) error {
+	newTab, newTabHash := GenerateTabSecret()
+	rec, err = m.cfg.Store.Update(ctx, tid, func(r *Record) error {
 		now := m.Now()
-		if r.UID != uid || r.Origin != origin || !insideGrace(*r, now) || r.ExpiresAt <= now {
+		if !by.owns(*r, true) || r.Origin != origin || !insideGrace(*r, now) || r.ExpiresAt <= now {
 			return ErrForbidden
 		}
 		r.TokenHash = hash
+		if r.TabHash != "" {
+			r.TabHash = newTabHash
+		}
 		r.Status = StatusActive
 		r.PendingResumeUntil = 0
 		r.ExpiresAt = now + m.cfg.TTL.Milliseconds()
@@ -315,20 +395,33 @@ func (m *Manager) Claim(ctx context.Context, tid, uid, origin string) (string, R
 	})
 	switch {
 	case errors.Is(err, ErrNotFound), errors.Is(err, ErrForbidden):
-		return "", Record{}, ErrForbidden
+		return "", "", Record{}, ErrForbidden
 	case err != nil:
-		return "", Record{}, fmt.Errorf("tokens: claim: %w", err)
+		return "", "", Record{}, fmt.Errorf("tokens: claim: %w", err)
 	}
-	return token, rec, nil
+	if rec.TabHash == "" {
+		newTab = ""
+	}
+	return token, newTab, rec, nil
 }
 
-// Revoke makes the record revoked (terminal). ErrForbidden if unknown or owned
-// by another uid. Revoking twice is not an error. The token hash stays
+// Revoke makes the record revoked (terminal). ErrForbidden if unknown or not
+// by's (see Owner). Revoking twice is not an error. The token hash stays
 // indexed, so the revoked bearer reads ErrRevoked (403) until the record is
 // swept.
-func (m *Manager) Revoke(ctx context.Context, tid, uid string) (Record, error) {
+func (m *Manager) Revoke(ctx context.Context, tid string, by Owner) (Record, error) {
+	return m.revoke(ctx, tid, func(r Record) bool { return by.owns(r, false) })
+}
+
+// RevokeAny revokes tid whoever owns it: the host app's own admin action.
+// ErrForbidden if tid is unknown.
+func (m *Manager) RevokeAny(ctx context.Context, tid string) (Record, error) {
+	return m.revoke(ctx, tid, func(Record) bool { return true })
+}
+
+func (m *Manager) revoke(ctx context.Context, tid string, allowed func(Record) bool) (Record, error) {
 	rec, _, err := m.update(ctx, tid, func(r *Record) error {
-		if r.UID != uid {
+		if !allowed(*r) {
 			return ErrForbidden
 		}
 		if r.Status == StatusRevoked {
@@ -345,6 +438,31 @@ func (m *Manager) Revoke(ctx context.Context, tid, uid string) (Record, error) {
 		return Record{}, fmt.Errorf("tokens: revoke: %w", err)
 	}
 	return rec, nil
+}
+
+// AfterRestart is called once at start-up, before serving. A record that
+// was active or awaiting-claude had a socket in the previous process; after a
+// crash (kill -9, power loss) nobody moved it to pending-resume, so the LLM
+// would hear "reconnect pending" until the token's TTL. AfterRestart moves
+// each one to pending-resume with a fresh grace from now: its tab re-pairs
+// inside the grace as after any drop, and LAP answers expired after it. It
+// returns how many records moved. Run one lapd serve per store.
+func (m *Manager) AfterRestart(ctx context.Context) (int, error) {
+	recs, err := m.cfg.Store.ListByStatus(ctx, StatusActive, StatusAwaitingClaude)
+	if err != nil {
+		return 0, fmt.Errorf("tokens: after restart: %w", err)
+	}
+	n := 0
+	for _, rec := range recs {
+		if _, err := m.Disconnected(ctx, rec.TID); err != nil {
+			if errors.Is(err, ErrNotFound) {
+				continue
+			}
+			return n, fmt.Errorf("tokens: after restart: %w", err)
+		}
+		n++
+	}
+	return n, nil
 }
 
 // Sessions lists uid's active and pending-resume records ("" uid → none),

@@ -225,7 +225,7 @@ func TestVerifyRevoked(t *testing.T) {
 	t.Parallel()
 	forEachStore(t, tokens.Config{}, func(t *testing.T, f *fixture) {
 		tok, rec := f.paired(t, "alice")
-		if _, err := f.m.Revoke(f.ctx, rec.TID, "alice"); err != nil {
+		if _, err := f.m.Revoke(f.ctx, rec.TID, tokens.Owner{UID: "alice"}); err != nil {
 			t.Fatal(err)
 		}
 		got, err := f.m.Verify(f.ctx, tok)
@@ -336,7 +336,7 @@ func TestDisconnected(t *testing.T) {
 			t.Errorf("Disconnected(active) = %+v, %v", rec, err)
 		}
 		_, revoked := f.paired(t, "alice")
-		f.m.Revoke(f.ctx, revoked.TID, "alice")
+		f.m.Revoke(f.ctx, revoked.TID, tokens.Owner{UID: "alice"})
 		if rec, err := f.m.Disconnected(f.ctx, revoked.TID); err != nil || rec.Status != tokens.StatusRevoked {
 			t.Errorf("Disconnected(revoked) = %+v, %v; want still revoked", rec, err)
 		}
@@ -407,7 +407,7 @@ func TestZeroGrace(t *testing.T) {
 		if _, _, err := f.m.Accept(f.ctx, tok); !errors.Is(err, tokens.ErrExpired) {
 			t.Errorf("Accept with zero grace = %v, want ErrExpired", err)
 		}
-		if _, _, err := f.m.Claim(f.ctx, rec.TID, "alice", "https://app.example"); !errors.Is(err, tokens.ErrForbidden) {
+		if _, _, _, err := f.m.Claim(f.ctx, rec.TID, "https://app.example", tokens.Owner{UID: "alice"}); !errors.Is(err, tokens.ErrForbidden) {
 			t.Errorf("Claim with zero grace = %v, want ErrForbidden", err)
 		}
 	})
@@ -420,8 +420,8 @@ func TestClaim(t *testing.T) {
 		f.m.Accept(f.ctx, oldTok)
 		f.m.Disconnected(f.ctx, rec.TID)
 		f.clock.Advance(10 * time.Second)
-		tok, got, err := f.m.Claim(f.ctx, rec.TID, "alice", "https://app.example")
-		if err != nil {
+		tok, tab, got, err := f.m.Claim(f.ctx, rec.TID, "https://app.example", tokens.Owner{UID: "alice"})
+		if err != nil || tab != "" {
 			t.Fatal(err)
 		}
 		now := f.m.Now()
@@ -442,7 +442,7 @@ func TestClaim(t *testing.T) {
 		if a, repair, err := f.m.Accept(f.ctx, tok); err != nil || repair || a.Status != tokens.StatusAwaitingClaude {
 			t.Errorf("Accept after Claim = %+v, %v, %v", a, repair, err)
 		}
-		if _, _, err := f.m.Claim(f.ctx, rec.TID, "alice", "https://app.example"); !errors.Is(err, tokens.ErrForbidden) {
+		if _, _, _, err := f.m.Claim(f.ctx, rec.TID, "https://app.example", tokens.Owner{UID: "alice"}); !errors.Is(err, tokens.ErrForbidden) {
 			t.Errorf("second Claim of a no longer pending record = %v, want ErrForbidden", err)
 		}
 	})
@@ -466,9 +466,9 @@ func TestClaimRefused(t *testing.T) {
 		{name: "inside grace, at hard expiry", uid: "alice", o: origin, before: 59*time.Minute + 30*time.Second,
 			after: func(f *fixture, _ string) { f.clock.Advance(30 * time.Second) }},
 		{name: "revoked", uid: "alice", o: origin,
-			after: func(f *fixture, tid string) { f.m.Revoke(f.ctx, tid, "alice") }},
+			after: func(f *fixture, tid string) { f.m.Revoke(f.ctx, tid, tokens.Owner{UID: "alice"}) }},
 		{name: "already claimed (active)", uid: "alice", o: origin, after: func(f *fixture, tid string) {
-			f.m.Claim(f.ctx, tid, "alice", origin)
+			f.m.Claim(f.ctx, tid, origin, tokens.Owner{UID: "alice"})
 		}},
 	}
 	for _, tt := range tests {
@@ -487,7 +487,7 @@ func TestClaimRefused(t *testing.T) {
 					tid = tt.tid
 				}
 				before, _ := f.m.Get(f.ctx, rec.TID)
-				newTok, got, err := f.m.Claim(f.ctx, tid, tt.uid, tt.o)
+				newTok, _, got, err := f.m.Claim(f.ctx, tid, tt.o, tokens.Owner{UID: tt.uid})
 				if !errors.Is(err, tokens.ErrForbidden) || newTok != "" || got.TID != "" {
 					t.Errorf("Claim = %q, %+v, %v; want ErrForbidden", newTok, got, err)
 				}
@@ -503,17 +503,17 @@ func TestRevoke(t *testing.T) {
 	t.Parallel()
 	forEachStore(t, tokens.Config{}, func(t *testing.T, f *fixture) {
 		tok, rec := f.paired(t, "alice")
-		if _, err := f.m.Revoke(f.ctx, rec.TID, "bob"); !errors.Is(err, tokens.ErrForbidden) {
+		if _, err := f.m.Revoke(f.ctx, rec.TID, tokens.Owner{UID: "bob"}); !errors.Is(err, tokens.ErrForbidden) {
 			t.Errorf("Revoke by another uid = %v, want ErrForbidden", err)
 		}
-		if _, err := f.m.Revoke(f.ctx, "nope", "alice"); !errors.Is(err, tokens.ErrForbidden) {
+		if _, err := f.m.Revoke(f.ctx, "nope", tokens.Owner{UID: "alice"}); !errors.Is(err, tokens.ErrForbidden) {
 			t.Errorf("Revoke(unknown) = %v, want ErrForbidden", err)
 		}
-		got, err := f.m.Revoke(f.ctx, rec.TID, "alice")
+		got, err := f.m.Revoke(f.ctx, rec.TID, tokens.Owner{UID: "alice"})
 		if err != nil || got.Status != tokens.StatusRevoked {
 			t.Fatalf("Revoke = %+v, %v", got, err)
 		}
-		if again, err := f.m.Revoke(f.ctx, rec.TID, "alice"); err != nil || again != got {
+		if again, err := f.m.Revoke(f.ctx, rec.TID, tokens.Owner{UID: "alice"}); err != nil || again != got {
 			t.Errorf("second Revoke = %+v, %v; want no error, unchanged", again, err)
 		}
 		// Terminal: nothing moves it again.
@@ -522,7 +522,7 @@ func TestRevoke(t *testing.T) {
 		}
 		f.m.Activate(f.ctx, rec.TID)
 		f.m.Disconnected(f.ctx, rec.TID)
-		f.m.Claim(f.ctx, rec.TID, "alice", "https://app.example")
+		f.m.Claim(f.ctx, rec.TID, "https://app.example", tokens.Owner{UID: "alice"})
 		if s := f.status(t, rec.TID); s != tokens.StatusRevoked {
 			t.Errorf("revoked record moved to %s", s)
 		}
@@ -617,7 +617,7 @@ func TestSessions(t *testing.T) {
 		_, p := f.paired(t, "alice")
 		f.m.Disconnected(f.ctx, p.TID)
 		_, r := f.paired(t, "alice")
-		f.m.Revoke(f.ctx, r.TID, "alice")
+		f.m.Revoke(f.ctx, r.TID, tokens.Owner{UID: "alice"})
 		f.paired(t, "bob")
 		f.paired(t, "")
 		recs, err := f.m.Sessions(f.ctx, "alice")

@@ -112,13 +112,22 @@ func (s *MemoryStore) Update(ctx context.Context, tid string, fn func(*Record) e
 
 // ListByUID returns uid's records in creation order.
 func (s *MemoryStore) ListByUID(ctx context.Context, uid string) ([]Record, error) {
+	return s.list(ctx, func(r *Record) bool { return r.UID == uid })
+}
+
+// ListByStatus returns the records in any of statuses, in creation order.
+func (s *MemoryStore) ListByStatus(ctx context.Context, statuses ...Status) ([]Record, error) {
+	return s.list(ctx, func(r *Record) bool { return slices.Contains(statuses, r.Status) })
+}
+
+func (s *MemoryStore) list(ctx context.Context, match func(*Record) bool) ([]Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	s.mu.RLock()
 	var ms []memRecord
 	for _, m := range s.byTID {
-		if m.rec.UID == uid {
+		if match(&m.rec) {
 			ms = append(ms, *m)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strings"
 
 	"modernc.org/sqlite" // registers the pure-Go "sqlite" database/sql driver
 )
@@ -34,8 +35,9 @@ type SQLiteStore struct {
 
 var _ Store = (*SQLiteStore)(nil)
 
-// sqliteSchemaVersion is the tokens table layout this code reads and writes.
-const sqliteSchemaVersion = 1
+// sqliteSchemaVersion is the tokens table layout this code reads and writes:
+// 1 the reference's fields, 2 adds tab_hash.
+const sqliteSchemaVersion = 2
 
 const sqliteSchema = `
 CREATE TABLE IF NOT EXISTS tokens (
@@ -49,13 +51,19 @@ CREATE TABLE IF NOT EXISTS tokens (
 	last_seen_at         INTEGER NOT NULL DEFAULT 0,
 	pending_resume_until INTEGER NOT NULL DEFAULT 0,
 	origin               TEXT    NOT NULL DEFAULT '',
-	label                TEXT    NOT NULL DEFAULT ''
+	label                TEXT    NOT NULL DEFAULT '',
+	tab_hash             TEXT    NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS tokens_uid ON tokens (uid, seq);
 CREATE INDEX IF NOT EXISTS tokens_expires_at ON tokens (expires_at);
 `
 
-const recordColumns = `tid, token_hash, uid, status, created_at, expires_at, last_seen_at, pending_resume_until, origin, label`
+const recordColumns = `tid, token_hash, uid, status, created_at, expires_at, last_seen_at, pending_resume_until, origin, label, tab_hash`
+
+// sqliteMigrations[v] moves a version-v table to version v+1.
+var sqliteMigrations = map[int]string{
+	1: `ALTER TABLE tokens ADD COLUMN tab_hash TEXT NOT NULL DEFAULT ''`,
+}
 
 // OpenSQLite opens (or creates) the SQLite file at path in WAL mode with a
 // busy timeout, creates the tokens table, and returns a store whose Close
@@ -93,8 +101,16 @@ func NewSQLiteStoreDB(db *sql.DB) (*SQLiteStore, error) {
 	if version > sqliteSchemaVersion {
 		return nil, fmt.Errorf("tokens: database schema version %d is newer than this lapd understands (%d); upgrade lapd", version, sqliteSchemaVersion)
 	}
-	if _, err := tx.ExecContext(ctx, sqliteSchema); err != nil {
-		return nil, fmt.Errorf("tokens: create schema: %w", err)
+	if version == 0 {
+		if _, err := tx.ExecContext(ctx, sqliteSchema); err != nil {
+			return nil, fmt.Errorf("tokens: create schema: %w", err)
+		}
+	} else {
+		for v := version; v < sqliteSchemaVersion; v++ {
+			if _, err := tx.ExecContext(ctx, sqliteMigrations[v]); err != nil {
+				return nil, fmt.Errorf("tokens: migrate schema %d→%d: %w", v, v+1, err)
+			}
+		}
 	}
 	if version < sqliteSchemaVersion {
 		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, sqliteSchemaVersion)); err != nil {
@@ -121,7 +137,7 @@ func scanRecord(r rowScanner) (Record, error) {
 	var rec Record
 	var status string
 	err := r.Scan(&rec.TID, &rec.TokenHash, &rec.UID, &status, &rec.CreatedAt, &rec.ExpiresAt,
-		&rec.LastSeenAt, &rec.PendingResumeUntil, &rec.Origin, &rec.Label)
+		&rec.LastSeenAt, &rec.PendingResumeUntil, &rec.Origin, &rec.Label, &rec.TabHash)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, ErrNotFound
 	}
@@ -154,9 +170,9 @@ func (s *SQLiteStore) Create(ctx context.Context, rec Record) error {
 		return err
 	}
 	defer s.unlock()
-	_, err := s.db.ExecContext(ctx, `INSERT INTO tokens (`+recordColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO tokens (`+recordColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		rec.TID, rec.TokenHash, rec.UID, string(rec.Status), rec.CreatedAt, rec.ExpiresAt,
-		rec.LastSeenAt, rec.PendingResumeUntil, rec.Origin, rec.Label)
+		rec.LastSeenAt, rec.PendingResumeUntil, rec.Origin, rec.Label, rec.TabHash)
 	switch {
 	case isConstraint(err):
 		return ErrExists
@@ -232,9 +248,9 @@ func (s *SQLiteStore) Update(ctx context.Context, tid string, fn func(*Record) e
 	}
 	next.TID = tid
 	_, err = conn.ExecContext(ctx, `UPDATE tokens SET token_hash = ?, uid = ?, status = ?, created_at = ?,
-		expires_at = ?, last_seen_at = ?, pending_resume_until = ?, origin = ?, label = ? WHERE tid = ?`,
+		expires_at = ?, last_seen_at = ?, pending_resume_until = ?, origin = ?, label = ?, tab_hash = ? WHERE tid = ?`,
 		next.TokenHash, next.UID, string(next.Status), next.CreatedAt, next.ExpiresAt,
-		next.LastSeenAt, next.PendingResumeUntil, next.Origin, next.Label, tid)
+		next.LastSeenAt, next.PendingResumeUntil, next.Origin, next.Label, next.TabHash, tid)
 	switch {
 	case isConstraint(err):
 		return cur, ErrExists
@@ -250,7 +266,24 @@ func (s *SQLiteStore) Update(ctx context.Context, tid string, fn func(*Record) e
 
 // ListByUID returns uid's records in creation order.
 func (s *SQLiteStore) ListByUID(ctx context.Context, uid string) ([]Record, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+recordColumns+` FROM tokens WHERE uid = ? ORDER BY seq`, uid)
+	return s.list(ctx, `SELECT `+recordColumns+` FROM tokens WHERE uid = ? ORDER BY seq`, uid)
+}
+
+// ListByStatus returns the records in any of statuses, in creation order.
+func (s *SQLiteStore) ListByStatus(ctx context.Context, statuses ...Status) ([]Record, error) {
+	if len(statuses) == 0 {
+		return nil, nil
+	}
+	args := make([]any, len(statuses))
+	for i, st := range statuses {
+		args[i] = string(st)
+	}
+	q := strings.TrimSuffix(strings.Repeat("?, ", len(statuses)), ", ")
+	return s.list(ctx, `SELECT `+recordColumns+` FROM tokens WHERE status IN (`+q+`) ORDER BY seq`, args...)
+}
+
+func (s *SQLiteStore) list(ctx context.Context, query string, args ...any) ([]Record, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("tokens: list records: %w", err)
 	}

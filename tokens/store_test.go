@@ -133,3 +133,40 @@ func TestSQLiteStoresShareFile(t *testing.T) {
 		t.Errorf("LastSeenAt = %d, %v; want %d", r.LastSeenAt, err, 2*n)
 	}
 }
+
+// A lapd.db written by a lapd before tab secrets (schema 1) opens, keeps
+// its records and gains the tab_hash column.
+func TestSQLiteStoreMigratesFromV1(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "lapd.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	_, hash := tokens.Generate()
+	if _, err := db.Exec(`CREATE TABLE tokens (
+	seq INTEGER PRIMARY KEY, tid TEXT NOT NULL UNIQUE, token_hash TEXT NOT NULL UNIQUE, uid TEXT NOT NULL DEFAULT '',
+	status TEXT NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, last_seen_at INTEGER NOT NULL DEFAULT 0,
+	pending_resume_until INTEGER NOT NULL DEFAULT 0, origin TEXT NOT NULL DEFAULT '', label TEXT NOT NULL DEFAULT '');
+	INSERT INTO tokens (tid, token_hash, uid, status, created_at, expires_at) VALUES ('t1', ?, 'alice', 'active', 1, 2);
+	PRAGMA user_version = 1;`, hash); err != nil {
+		t.Fatal(err)
+	}
+	s, err := tokens.NewSQLiteStoreDB(db)
+	if err != nil {
+		t.Fatalf("migrating a v1 database: %v", err)
+	}
+	defer s.Close()
+	rec, err := s.Get(t.Context(), "t1")
+	if err != nil || rec.UID != "alice" || rec.TabHash != "" {
+		t.Fatalf("v1 record after migration: %+v, %v", rec, err)
+	}
+	_, tabHash := tokens.GenerateTabSecret()
+	if _, err := s.Update(t.Context(), "t1", func(r *tokens.Record) error { r.TabHash = tabHash; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := s.Get(t.Context(), "t1"); rec.TabHash != tabHash {
+		t.Errorf("tab hash not stored: %+v", rec)
+	}
+}

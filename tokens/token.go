@@ -3,6 +3,7 @@ package tokens
 import (
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
@@ -25,17 +26,56 @@ func Generate() (token, hash string) {
 // or the token is not 47 characters of base64url after it. The check is
 // cheap and runs before any store lookup.
 func Hash(token string) (string, error) {
-	if len(token) != tokenLen || token[:len(Prefix)] != Prefix {
+	if len(token) != tokenLen || token[:len(Prefix)] != Prefix || !base64url(token[len(Prefix):]) {
 		return "", ErrMalformed
-	}
-	for i := len(Prefix); i < len(token); i++ {
-		c := token[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
-			return "", ErrMalformed
-		}
 	}
 	sum := sha256.Sum256([]byte(token))
 	return hex.EncodeToString(sum[:]), nil
+}
+
+// TabPrefix starts every tab secret.
+const TabPrefix = "tab_"
+
+// GenerateTabSecret returns a fresh tab secret ("tab_" + base64url of 32
+// CSPRNG bytes) and its hash. A tab secret is the tab's own credential: it
+// opens the tab's WebSocket and proves an anonymous session's ownership, and
+// is never shown to the LLM side.
+func GenerateTabSecret() (secret, hash string) {
+	var b [32]byte
+	rand.Read(b[:])
+	secret = TabPrefix + base64.RawURLEncoding.EncodeToString(b[:])
+	sum := sha256.Sum256([]byte(secret))
+	return secret, hex.EncodeToString(sum[:])
+}
+
+// HashTabSecret returns hex(SHA-256(secret)), or ErrMalformed when secret is
+// not "tab_" + 43 base64url characters.
+func HashTabSecret(secret string) (string, error) {
+	if len(secret) != tokenLen || secret[:len(TabPrefix)] != TabPrefix || !base64url(secret[len(TabPrefix):]) {
+		return "", ErrMalformed
+	}
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:]), nil
+}
+
+func base64url(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// matchHash reports, in constant time, whether secret hashes (with hashFn)
+// to want; an empty want or secret never matches.
+func matchHash(secret, want string, hashFn func(string) (string, error)) bool {
+	if secret == "" || want == "" {
+		return false
+	}
+	h, err := hashFn(secret)
+	return err == nil && subtle.ConstantTimeCompare([]byte(h), []byte(want)) == 1
 }
 
 // newTID returns a random (version 4) UUID in its canonical text form.

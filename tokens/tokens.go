@@ -15,13 +15,21 @@
 //	store, err := tokens.OpenSQLite("lapd-data/lapd.db") // or tokens.NewMemoryStore()
 //	m, err := tokens.NewManager(tokens.Config{Store: store}) // 24h TTL, 60s grace
 //
-//	token, rec, err := m.Mint(ctx, uid, origin, "")  // POST /agent/mint: show token once
-//	rec, repair, err := m.Accept(ctx, token)          // before the WebSocket upgrade
+//	n, err := m.AfterRestart(ctx)                     // start-up: sockets of a crashed process are gone
+//	token, tab, rec, err := m.MintTab(ctx, uid, origin, "") // POST /agent/mint: show both once
+//	rec, repair, err := m.AcceptTab(ctx, token, tab)  // before the WebSocket upgrade
 //	rec, err = m.Verify(ctx, token)                   // every LAP call: 401/403 on error
 //	rec, changed, err := m.Activate(ctx, rec.TID)     // first LAP call: push {t:'active'}
 //	rec, err = m.Disconnected(ctx, rec.TID)           // socket closed: grace starts
-//	token, rec, err = m.Claim(ctx, tid, uid, origin)  // POST /agent/resume/claim: new token
-//	rec, err = m.Revoke(ctx, tid, uid)                // POST /agent/revoke
+//	token, tab, rec, err = m.Claim(ctx, tid, origin, tokens.Owner{UID: uid, TabSecret: tab}) // POST /agent/resume/claim
+//	rec, err = m.Revoke(ctx, tid, tokens.Owner{UID: uid, TabSecret: tab})                  // POST /agent/revoke
+//
+// Two credentials per session: the agent token (the LLM side's bearer for
+// LAP) and, from MintTab, the tab secret (the tab's own: it opens the
+// WebSocket, and proves an anonymous session's ownership). The LLM side never
+// sees the tab secret, so it can neither take over the tab's socket nor
+// approve on the human's behalf. A session from Mint has no tab secret; its
+// agent token is then also the tab's credential, as in the reference.
 //
 // A grace window is half-open: a pending-resume record can be re-paired,
 // listed and claimed while now < PendingResumeUntil. Verify keeps answering
@@ -69,16 +77,21 @@ type Record struct {
 	PendingResumeUntil int64  `json:"pendingResumeUntil,omitempty"`
 	Origin             string `json:"origin"`
 	Label              string `json:"label,omitempty"`
+	// TabHash is hex(SHA-256) of the tab secret, the tab's own credential
+	// (see MintTab); "" for a session minted without one, whose agent
+	// token is then also the tab's credential (the reference's model).
+	TabHash string `json:"-"`
 }
 
 // Errors returned by Store and Manager. Match with errors.Is.
 var (
 	ErrNotFound  = errors.New("tokens: record not found")
-	ErrMalformed = errors.New("tokens: malformed token") // 401
-	ErrUnknown   = errors.New("tokens: unknown token")   // 401
-	ErrExpired   = errors.New("tokens: token expired")   // 401 (hard expiry, sliding TTL, or grace passed)
-	ErrRevoked   = errors.New("tokens: token revoked")   // 403
-	ErrForbidden = errors.New("tokens: not allowed")     // 403 (ownership/origin/status mismatch on claim/revoke)
+	ErrMalformed = errors.New("tokens: malformed token")             // 401
+	ErrUnknown   = errors.New("tokens: unknown token")               // 401
+	ErrExpired   = errors.New("tokens: token expired")               // 401 (hard expiry, sliding TTL, or grace passed)
+	ErrRevoked   = errors.New("tokens: token revoked")               // 403
+	ErrForbidden = errors.New("tokens: not allowed")                 // 403 (ownership/origin/status mismatch on claim/revoke)
+	ErrTabSecret = errors.New("tokens: tab secret missing or wrong") // 401 (a WebSocket for a session minted with a tab secret)
 	ErrExists    = errors.New("tokens: record already exists")
 )
 
@@ -99,6 +112,9 @@ type Store interface {
 	// ListByUID returns the records owned by uid ("" = anonymous), in
 	// creation order.
 	ListByUID(ctx context.Context, uid string) ([]Record, error)
+	// ListByStatus returns the records in any of statuses, in creation
+	// order (used once at start-up; it may scan every record).
+	ListByStatus(ctx context.Context, statuses ...Status) ([]Record, error)
 	// DeleteExpired removes records whose ExpiresAt is before beforeMs and
 	// returns how many went.
 	DeleteExpired(ctx context.Context, beforeMs int64) (int, error)

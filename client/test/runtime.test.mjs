@@ -6,7 +6,7 @@ import { createAgent } from '../lapd.js'
 
 class FakeWS {
   static all = []
-  constructor(url) { this.url = url; this.readyState = 0; this.sent = []; this.closedWith = null; FakeWS.all.push(this) }
+  constructor(url, protocols) { this.url = url; this.protocols = protocols; this.readyState = 0; this.sent = []; this.closedWith = null; FakeWS.all.push(this) }
   send(s) { this.sent.push(JSON.parse(s)) }
   close(code) { this.closedWith = code ?? 1000; this.readyState = 3 }
   // test side
@@ -25,7 +25,7 @@ function json(status, body, headers = {}) {
   return { ok: status >= 200 && status < 300, status, statusText: '', headers: { get: (k) => headers[k] ?? null }, json: async () => body }
 }
 
-const MINT = { token: 'agt_TESTTOKEN', tid: 't-1', wsUrl: 'ws://app.test/agent/ws', lapUrl: 'http://app.test/agent/lap/v1', expiresAt: Date.now() + 3600e3, lapVersion: 2 }
+const MINT = { token: 'agt_TESTTOKEN', tabSecret: 'tab_TESTSECRET', tid: 't-1', wsUrl: 'ws://app.test/agent/ws', lapUrl: 'http://app.test/agent/lap/v1', expiresAt: Date.now() + 3600e3, lapVersion: 2 }
 
 function setup({ storage = memStorage(), routes = {}, ...extra } = {}) {
   FakeWS.all = []
@@ -98,8 +98,12 @@ test('mint, hello, active, connect line, persisted session', async () => {
   env.agent.connect()
   await until(() => FakeWS.all.length === 1, 'socket')
   const ws = FakeWS.all[0]
-  assert.equal(ws.url, 'ws://app.test/agent/ws?token=agt_TESTTOKEN')
+  // The token rides in the sub-protocol list, never in the URL; the tab
+  // secret beside it (minted with {tab:true}) is never in the connect line.
+  assert.equal(ws.url, 'ws://app.test/agent/ws')
+  assert.deepEqual(ws.protocols, ['lapd.v2', 'lapd.token.agt_TESTTOKEN', 'lapd.tab.tab_TESTSECRET'])
   assert.equal(env.calls[0].url, 'http://app.test/agent/mint')
+  assert.equal(env.calls[0].init.body, '{"tab":true}')
   assert.equal(env.calls[0].init.credentials, 'include')
   ws.open()
   const [hello] = ws.frames('hello')
@@ -114,7 +118,9 @@ test('mint, hello, active, connect line, persisted session', async () => {
   assert.equal(env.agent.status, 'active')
   assert.deepEqual(statuses, ['minting', 'pending-claude', 'active'])
   const stored = JSON.parse(env.storage.getItem('lapd:session'))
-  assert.deepEqual(Object.keys(stored).sort(), ['expiresAt', 'lapUrl', 'tid', 'token', 'wsUrl'])
+  assert.deepEqual(Object.keys(stored).sort(), ['expiresAt', 'lapUrl', 'tabSecret', 'tid', 'token', 'wsUrl'])
+  assert.ok(!env.agent.connectLine.includes('tab_'), 'the tab secret is not for the LLM')
+  assert.equal(env.agent.session.tabSecret, undefined)
   env.agent.destroy()
 })
 
@@ -351,16 +357,25 @@ test('disconnect revokes on the server and forgets the session', async () => {
   assert.equal(agent.status, 'idle')
   assert.equal(ws.closedWith, 1000)
   await until(() => calls.some((c) => c.url.endsWith('/agent/revoke')), 'revoke call')
-  assert.deepEqual(JSON.parse(calls.find((c) => c.url.endsWith('/agent/revoke')).init.body), { tid: 't-1' })
+  assert.deepEqual(JSON.parse(calls.find((c) => c.url.endsWith('/agent/revoke')).init.body), { tid: 't-1', tabSecret: 'tab_TESTSECRET' })
   assert.equal(storage.getItem('lapd:session'), null)
 })
 
 test('resume claims a new token and reconnects', async () => {
-  const env = setup({ routes: { '/agent/resume/claim': () => json(200, { ...MINT, token: 'agt_NEW' }) } })
+  const env = setup({ routes: { '/agent/resume/claim': () => json(200, { ...MINT, token: 'agt_NEW', tabSecret: 'tab_NEW' }) } })
   assert.equal(await env.agent.resume('t-1'), true)
   await until(() => FakeWS.all.length === 1, 'socket')
-  assert.match(FakeWS.all[0].url, /token=agt_NEW$/)
+  assert.deepEqual(FakeWS.all[0].protocols, ['lapd.v2', 'lapd.token.agt_NEW', 'lapd.tab.tab_NEW'])
   assert.equal(JSON.parse(env.storage.getItem('lapd:session')).token, 'agt_NEW')
+  env.agent.destroy()
+})
+
+test('resume of this tab\'s own session proves it with the tab secret', async () => {
+  const env = await connected({ routes: { '/agent/resume/claim': () => json(200, { ...MINT, token: 'agt_NEW', tabSecret: 'tab_NEW' }) } })
+  assert.equal(await env.agent.resume('t-1'), true)
+  assert.deepEqual(JSON.parse(env.calls.find((c) => c.url.endsWith('/resume/claim')).init.body), { tid: 't-1', tabSecret: 'tab_TESTSECRET' })
+  assert.equal(await env.agent.resume('t-other'), true)
+  assert.deepEqual(JSON.parse(env.calls.filter((c) => c.url.endsWith('/resume/claim'))[1].init.body), { tid: 't-other' })
   env.agent.destroy()
 })
 

@@ -45,6 +45,7 @@ func TestServeFlagsRefuseBadInput(t *testing.T) {
 		{[]string{"--store", "redis"}, nil, "--store must be sqlite or memory"},
 		{[]string{"--allow-anonymous", "maybe"}, nil, "--allow-anonymous must be"},
 		{[]string{"--lap-rate", "0"}, nil, "must be positive"},
+		{[]string{"--tools", "most"}, nil, "--tools must be core or all"},
 		{nil, map[string]string{"LAPD_GRACE": "soon"}, "LAPD_GRACE"},
 		{[]string{"extra"}, nil, "unexpected argument"},
 		{[]string{"--nope"}, nil, "unknown flag --nope"},
@@ -235,6 +236,22 @@ func TestLapdConfig(t *testing.T) {
 	c.Addr = "0.0.0.0:8787"
 	if a, _ := lapdConfig(c, io.Discard, nil); a.AllowAnonymous {
 		t.Error("auto must refuse anonymous mint when listening beyond loopback")
+	}
+	// Behind a proxy everything arrives from loopback, from anyone.
+	for _, mod := range []func(*serveConfig){
+		func(c *serveConfig) { c.TrustProxy = 1 },
+		func(c *serveConfig) { c.PublicURL = "https://app.example.com" },
+	} {
+		c = base
+		mod(&c)
+		if a, _ := lapdConfig(c, io.Discard, nil); a.AllowAnonymous {
+			t.Errorf("auto must refuse anonymous mint behind a proxy (trust-proxy %d, public-url %q)", c.TrustProxy, c.PublicURL)
+		}
+	}
+	c = base
+	c.Hosts = "lapd.internal, app.example.com"
+	if a, _ := lapdConfig(c, io.Discard, nil); len(a.Hosts) != 2 || a.Hosts[1] != "app.example.com" {
+		t.Errorf("--hosts: %v", a.Hosts)
 	}
 	c = base
 	c.Audit = "stdout,carrier-pigeon"

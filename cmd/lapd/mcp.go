@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	neturl "net/url"
-	"strings"
 	"time"
 
 	"github.com/lapd-dev/lapd/lap"
@@ -18,9 +16,10 @@ import (
 // runMCP is `lapd mcp`: the stdio MCP bridge. stdout carries only MCP
 // messages; logs go to stderr.
 func runMCP(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, env func(string) string) error {
-	var url, level string
+	var url, level, toolSet string
 	var readBudget time.Duration
 	fs := newFlagSet("lapd mcp", stdout, env)
+	fs.String(&toolSet, "tools", "core", "MCP tools listed: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
 	fs.String(&url, "url", "", "default LAP base URL for connect_session when the model passes only a token (e.g. http://127.0.0.1:8787/agent/lap/v1)")
 	fs.String(&level, "log-level", "warn", "debug, info, warn, error (logs go to stderr)")
 	fs.Duration(&readBudget, "read-budget", 20*time.Second, "time budget of a read tool call")
@@ -37,19 +36,24 @@ func runMCP(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if readBudget <= 0 {
 		return usageError{"--read-budget must be positive"}
 	}
+	tools, err := mcp.ParseToolSet(toolSet)
+	if err != nil {
+		return usageError{"--" + err.Error()}
+	}
 	cfg := mcp.Config{
 		Client:  lap.NewHTTPClient(&http.Client{}),
+		Tools:   tools,
 		Logger:  log,
 		Name:    "lapd",
 		Version: lapdVersion(),
 	}
 	cfg.Budgets.Read = readBudget
 	if url != "" {
-		u, err := neturl.Parse(url)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return usageError{"--url must be an http(s) URL such as http://127.0.0.1:8787/agent/lap/v1"}
+		base, err := mcp.LAPBase(url)
+		if err != nil {
+			return usageError{"--url: " + err.Error()}
 		}
-		cfg.DefaultURL = strings.TrimRight(url, "/")
+		cfg.DefaultURL = base
 	}
 	log.Info("lapd mcp: serving MCP on stdio", "default_url", url)
 	if err := mcp.ServeStdio(ctx, cfg, stdin, stdout); err != nil {

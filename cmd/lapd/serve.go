@@ -17,6 +17,7 @@ import (
 
 	"github.com/lapd-dev/lapd"
 	"github.com/lapd-dev/lapd/lap"
+	"github.com/lapd-dev/lapd/mcp"
 )
 
 // runServe is `lapd serve`.
@@ -191,7 +192,10 @@ func printBanner(w io.Writer, c serveConfig, lcfg lapd.Config, urls []string, ad
 	}
 	if !lcfg.AllowAnonymous && lcfg.Identity == nil {
 		why := "--allow-anonymous is false"
-		if c.AllowAnonymous == "auto" {
+		switch {
+		case c.AllowAnonymous == "auto" && isLoopback(c.Addr):
+			why = "lapd is behind a proxy (--trust-proxy or --public-url),\n  where every request arrives from loopback, and --allow-anonymous is auto"
+		case c.AllowAnonymous == "auto":
 			why = "lapd listens beyond loopback (" + c.Addr + ")\n  and --allow-anonymous is auto"
 		}
 		fmt.Fprintf(w, "\n  Anonymous mint is off: %s, and no identity is configured.\n"+
@@ -217,6 +221,7 @@ func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config,
 		Store:         c.Store,
 		Logger:        log,
 		Origins:       splitList(c.Origins),
+		Hosts:         splitList(c.Hosts),
 		TrustProxy:    c.TrustProxy,
 		PublicURL:     strings.TrimRight(c.PublicURL, "/"),
 		LAPRate:       rate.Limit(float64(c.LAPRate) / 60),
@@ -229,6 +234,7 @@ func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config,
 		PingInterval:  c.PingInterval,
 		ConfirmExpiry: c.ConfirmExpiry,
 		DisableMCP:    !c.MCP,
+		MCPTools:      mcpTools(c.Tools),
 		Admin:         lapd.AdminConfig{Enabled: c.AdminAddr != "", Token: c.AdminToken},
 		Demo:          c.Demo,
 		Version:       lapdVersion(),
@@ -240,7 +246,9 @@ func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config,
 	case "true":
 		acfg.AllowAnonymous = true
 	case "auto":
-		acfg.AllowAnonymous = isLoopback(c.Addr)
+		// Behind a proxy every request arrives from loopback, from anyone:
+		// loopback then says nothing about who is asking.
+		acfg.AllowAnonymous = isLoopback(c.Addr) && c.TrustProxy == 0 && c.PublicURL == ""
 	}
 	for _, s := range splitList(c.Audit) {
 		switch {
@@ -307,11 +315,19 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return nil, usageError{"--log-level must be debug, info, warn or error"}
 	}
 	opts := &slog.HandlerOptions{Level: lv}
+	// Every log line (the HTTP server's own included) has agent tokens and
+	// tab secrets cut out, wherever they stand.
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(lapd.RedactLogs(slog.NewTextHandler(w, opts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(lapd.RedactLogs(slog.NewJSONHandler(w, opts))), nil
 	}
 	return nil, usageError{"--log-format must be text or json"}
+}
+
+// mcpTools is --tools as an mcp.ToolSet (parseServeFlags checked it).
+func mcpTools(s string) mcp.ToolSet {
+	t, _ := mcp.ParseToolSet(s)
+	return t
 }

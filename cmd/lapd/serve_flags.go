@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lapd-dev/lapd/mcp"
 )
 
 // serveConfig is everything `lapd serve` can be told.
@@ -17,6 +19,7 @@ type serveConfig struct {
 	DataDir         string
 	Store           string
 	Origins         string
+	Hosts           string
 	AllowAnonymous  string // auto | true | false
 	TrustProxy      int
 	TokenTTL        time.Duration
@@ -31,6 +34,7 @@ type serveConfig struct {
 	LogFormat       string
 	Demo            bool
 	MCP             bool
+	Tools           string
 	ShutdownTimeout time.Duration
 	AdminAddr       string // "" = no admin listener
 	AdminToken      string
@@ -56,7 +60,8 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.String(&c.DataDir, "data-dir", "lapd-data", "directory for the SQLite database (tokens, pending approvals, audit)")
 	fs.String(&c.Store, "store", "sqlite", "token and approval store: sqlite (in --data-dir) or memory (lost on restart)")
 	fs.String(&c.Origins, "origins", "", "comma-separated extra origins allowed for the WebSocket, CORS on meta routes and /agent/mcp, each scheme://host[:port] such as https://app.example.com (same origin is always allowed)")
-	fs.String(&c.AllowAnonymous, "allow-anonymous", "auto", "mint tokens without an identity: auto (only when listening on loopback), true, false")
+	fs.String(&c.Hosts, "hosts", "", "comma-separated extra Host names served on a loopback listener (loopback names and the --public-url host always are); any other Host is refused (DNS-rebinding protection)")
+	fs.String(&c.AllowAnonymous, "allow-anonymous", "auto", "mint tokens without an identity: auto (only when listening on loopback and neither --trust-proxy nor --public-url is set), true, false")
 	fs.Int(&c.TrustProxy, "trust-proxy", 0, "number of reverse proxies in front of lapd whose X-Forwarded-* headers are trusted")
 	fs.Duration(&c.TokenTTL, "token-ttl", 24*time.Hour, "hard expiry of an agent token, a `duration` like 24h")
 	fs.Duration(&c.SlidingTTL, "sliding-ttl", 0, "expire a token unused for this long (0 = off)")
@@ -70,6 +75,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.String(&c.LogFormat, "log-format", "text", "text or json (logs go to stderr)")
 	fs.Bool(&c.Demo, "demo", true, "serve the demo app at /")
 	fs.Bool(&c.MCP, "mcp", true, "serve the MCP Streamable HTTP endpoint at /agent/mcp")
+	fs.String(&c.Tools, "tools", "core", "MCP tools listed at /agent/mcp: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
 	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.String(&c.AdminAddr, "admin-addr", "", "serve the admin console (/admin/), /metrics, pprof and health on this separate address, e.g. 127.0.0.1:9090 (a bare :9090 means loopback); off when empty")
 	fs.String(&c.AdminToken, "admin-token", "", "token required by the admin listener (at least 16 characters; prefer the env variable to the flag, which other users can see in ps); without it only loopback clients are served")
@@ -97,6 +103,9 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	}
 	if c.LAPRate <= 0 || c.MintRate <= 0 {
 		return c, usageError{"--lap-rate and --mint-rate must be positive"}
+	}
+	if _, err := mcp.ParseToolSet(c.Tools); err != nil {
+		return c, usageError{"--" + err.Error()}
 	}
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return c, usageError{fmt.Sprintf("--addr %q: want host:port, such as 127.0.0.1:8787 or 0.0.0.0:8787", c.Addr)}

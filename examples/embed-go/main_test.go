@@ -117,18 +117,20 @@ func TestDriveThroughMCP(t *testing.T) {
 	if out["status"] != "connected" || h == "" {
 		t.Fatalf("connect_session: %v", out)
 	}
-	if out = call("observe", map[string]any{"session": h}); !strings.Contains(mustJSON(out), `"name":"Todos"`) {
+	if out = call("observe", map[string]any{"session": h}); out["appName"] != "Todos" {
 		t.Errorf("observe: %v", out)
 	}
 	if out = call("send_message", map[string]any{"session": h, "msg": map[string]any{"type": "add", "title": "Buy milk"}}); out["status"] != "dispatched" {
 		t.Fatalf("add: %v", out)
 	}
-	if out, isErr := try("send_message", map[string]any{"session": h, "msg": map[string]any{"type": "add"}}); !isErr || out["reason"] != "schema-error" {
+	// A refusal is an answer (isError false) with a status and a reason.
+	if out, isErr := try("send_message", map[string]any{"session": h, "msg": map[string]any{"type": "add"}}); isErr || out["status"] != "rejected" || out["reason"] != "schema-error" {
 		t.Errorf("add without a title: %v", out)
 	}
 	// An action that needs the human: lapd has recorded the proposal once
-	// send_message answers pending-confirmation, so the human may approve.
-	out = call("send_message", map[string]any{"session": h, "msg": map[string]any{"type": "clear"}, "timeoutMs": 100})
+	// send_message answers pending-confirmation (at once with
+	// approvalTimeoutMs 0), so the human may approve.
+	out = call("send_message", map[string]any{"session": h, "msg": map[string]any{"type": "clear"}, "approvalTimeoutMs": 0})
 	cid, _ := out["confirmId"].(string)
 	if out["status"] != "pending-confirmation" || cid == "" {
 		t.Fatalf("clear: %v", out)

@@ -60,6 +60,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	fs.SetOutput(stderr)
 	base := fs.String("url", "http://127.0.0.1:8787", "lapd base URL")
 	token := fs.String("token", getenv("LAPD_TOKEN"), "agent token from POST /agent/mint (env LAPD_TOKEN)")
+	tabSecret := fs.String("tab-secret", getenv("LAPD_TAB_SECRET"), "the tabSecret of a mint with body {\"tab\":true} (env LAPD_TAB_SECRET); needed for such a session, whose socket opens only with it")
 	approveAfter := fs.Duration("approve-after", 2*time.Second, "approve confirmation requests after this long (0 = leave them pending)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -85,7 +86,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			go approve(ctx, tab, *approveAfter, stderr)
 		}
 	}
-	return lapdtest.Keep(ctx, u.String(), *token, onTab, lapdtest.WithApp(app))
+	return lapdtest.Keep(ctx, u.String(), *token, onTab, lapdtest.WithApp(app), lapdtest.WithTabSecret(*tabSecret))
 }
 
 // approve approves each approval the tab is asked for, after d, as a

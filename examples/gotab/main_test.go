@@ -52,7 +52,7 @@ func TestGotabSurvivesARestart(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- run(runCtx, []string{"--url", srv.URL, "--token", sess.Token, "--approve-after", "1ms"}, func(string) string { return "" }, out)
+		done <- run(runCtx, []string{"--url", srv.URL, "--token", sess.Token, "--tab-secret", sess.TabSecret, "--approve-after", "1ms"}, func(string) string { return "" }, out)
 	}()
 	waitPaired := func(what string) {
 		t.Helper()

@@ -4,18 +4,29 @@
 // timeout (concurrent writers wait instead of failing) and synchronous=NORMAL
 // (durable across process crashes; the last transactions may be lost only on
 // power loss, which a grace-window token store can afford).
+//
+// The database holds token hashes, pending approvals and the audit trail, so
+// it is private to its owner: Open creates the file with mode 0600 before
+// SQLite touches it (SQLite gives its -wal and -shm files the database
+// file's mode) and narrows an existing file and its -wal/-shm to 0600.
 package sqlitedb
 
 import (
 	"database/sql"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
+	"os"
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 )
 
 // Open opens (or creates) the database at path and checks that it answers.
 func Open(path string) (*sql.DB, error) {
+	if err := private(path); err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
 	q := url.Values{}
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "busy_timeout(5000)")
@@ -30,4 +41,20 @@ func Open(path string) (*sql.DB, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	return db, nil
+}
+
+// private creates path with mode 0600 if it is missing and sets 0600 on it
+// and on its -wal and -shm files if they exist.
+func private(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }

@@ -22,10 +22,12 @@ import (
 // record returns a complete record whose fields all differ from the zero value.
 func record(tid, uid string, createdAt int64) tokens.Record {
 	_, hash := tokens.Generate()
+	_, tabHash := tokens.GenerateTabSecret()
 	return tokens.Record{
 		TID: tid, TokenHash: hash, UID: uid, Status: tokens.StatusActive,
 		CreatedAt: createdAt, ExpiresAt: createdAt + 86_400_000, LastSeenAt: createdAt + 1,
 		PendingResumeUntil: createdAt + 60_000, Origin: "https://app.example", Label: "label " + tid,
+		TabHash: tabHash,
 	}
 }
 
@@ -257,6 +259,34 @@ func Run(t *testing.T, newStore func(t *testing.T) tokens.Store) {
 			}
 			if got := tids(recs); fmt.Sprint(got) != fmt.Sprint(tt.want) {
 				t.Errorf("ListByUID(%q) = %v, want %v", tt.uid, got, tt.want)
+			}
+		}
+	})
+
+	t.Run("ListByStatus", func(t *testing.T) {
+		t.Parallel()
+		s := open(t)
+		with := func(r tokens.Record, st tokens.Status) tokens.Record { r.Status = st; return r }
+		mustCreate(t, s,
+			with(record("a", "u", 1), tokens.StatusActive), with(record("b", "u", 1), tokens.StatusRevoked),
+			with(record("c", "", 1), tokens.StatusAwaitingClaude), with(record("d", "v", 1), tokens.StatusPendingResume),
+			with(record("e", "", 1), tokens.StatusActive))
+		tests := []struct {
+			statuses []tokens.Status
+			want     []string
+		}{
+			{[]tokens.Status{tokens.StatusActive, tokens.StatusAwaitingClaude}, []string{"a", "c", "e"}},
+			{[]tokens.Status{tokens.StatusPendingResume}, []string{"d"}},
+			{[]tokens.Status{tokens.StatusAwaitingWS}, nil},
+			{nil, nil},
+		}
+		for _, tt := range tests {
+			recs, err := s.ListByStatus(t.Context(), tt.statuses...)
+			if err != nil {
+				t.Fatalf("ListByStatus(%v): %v", tt.statuses, err)
+			}
+			if got := tids(recs); fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("ListByStatus(%v) = %v, want %v", tt.statuses, got, tt.want)
 			}
 		}
 	})

@@ -1,0 +1,337 @@
+package mcp
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"unicode/utf8"
+)
+
+// This file holds the few JSON primitives the lean renderer needs: split an
+// object into its members, and write one, without decoding the values. LAP
+// bodies carry the app's state (often the bulk of a result) and the executor
+// only forwards it, so it is never decoded (reference/perf-notes.md: "don't
+// decode what you only forward"). encoding/json has no API that yields a
+// member's raw bytes without copying and validating every value, hence this
+// small scanner. It assumes valid JSON (LAP bodies are produced by
+// encoding/json or by lapd's own splicing of validated frames) and never
+// panics on anything else: it reports false, and callers fall back to the
+// body as it came.
+
+// member is one key of a JSON object and its raw value (a sub-slice of the
+// input: callers must not modify it).
+type member struct {
+	key string
+	val []byte
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && isSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index after the string starting at b[i] == '"'.
+// It jumps from quote to quote (bytes.IndexByte is vectorised); a quote
+// preceded by an odd number of backslashes is escaped.
+func skipString(b []byte, i int) (int, bool) {
+	for j := i + 1; ; {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return 0, false
+		}
+		q := j + k
+		n := 0
+		for p := q - 1; p > i && b[p] == '\\'; p-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1, true
+		}
+		j = q + 1
+	}
+}
+
+// skipValue returns the index after the value starting at b[i].
+func skipValue(b []byte, i int) (int, bool) {
+	if i >= len(b) {
+		return 0, false
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				j, ok := skipString(b, i)
+				if !ok {
+					return 0, false
+				}
+				i = j - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1, true
+				}
+			}
+		}
+		return 0, false
+	default:
+		j := i
+		for j < len(b) && !isSpace(b[j]) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ':' {
+			j++
+		}
+		if j == i {
+			return 0, false
+		}
+		return j, true
+	}
+}
+
+// members splits a JSON object into its members, in order. ok is false when
+// b is not an object.
+func members(b []byte) (out []member, ok bool) {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return nil, false
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return nil, skipWS(b, i+1) == len(b)
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return nil, false
+		}
+		j, ok := skipString(b, i)
+		if !ok {
+			return nil, false
+		}
+		key, ok := unquote(b[i:j])
+		if !ok {
+			return nil, false
+		}
+		i = skipWS(b, j)
+		if i >= len(b) || b[i] != ':' {
+			return nil, false
+		}
+		i = skipWS(b, i+1)
+		j, ok = skipValue(b, i)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, member{key, b[i:j]})
+		i = skipWS(b, j)
+		if i >= len(b) {
+			return nil, false
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			if skipWS(b, i+1) != len(b) {
+				return nil, false
+			}
+			return out, true
+		default:
+			return nil, false
+		}
+	}
+}
+
+// elements splits a JSON array into its elements. ok is false when b is not an array.
+func elements(b []byte) (out [][]byte, ok bool) {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '[' {
+		return nil, false
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return nil, skipWS(b, i+1) == len(b)
+	}
+	for {
+		j, ok := skipValue(b, i)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, b[i:j])
+		i = skipWS(b, j)
+		if i >= len(b) {
+			return nil, false
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case ']':
+			if skipWS(b, i+1) != len(b) {
+				return nil, false
+			}
+			return out, true
+		default:
+			return nil, false
+		}
+	}
+}
+
+// unquote decodes a JSON string literal (with its quotes).
+func unquote(q []byte) (string, bool) {
+	if len(q) < 2 || q[0] != '"' || q[len(q)-1] != '"' {
+		return "", false
+	}
+	if bytes.IndexByte(q, '\\') < 0 {
+		return string(q[1 : len(q)-1]), true
+	}
+	var s string
+	if json.Unmarshal(q, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// get returns the value of key in ms (nil when absent).
+func get(ms []member, key string) []byte {
+	for _, m := range ms {
+		if m.key == key {
+			return m.val
+		}
+	}
+	return nil
+}
+
+// jstr decodes a string value ("" when v is not a string).
+func jstr(v []byte) string {
+	s, _ := unquote(bytes.TrimSpace(v))
+	return s
+}
+
+// isEmpty reports whether v is absent, null, "", [], {} or false-ish empty.
+func isEmpty(v []byte) bool {
+	v = bytes.TrimSpace(v)
+	switch len(v) {
+	case 0:
+		return true
+	case 2:
+		return string(v) == `""` || string(v) == "[]" || string(v) == "{}"
+	case 4:
+		return string(v) == "null"
+	}
+	if v[0] == '[' || v[0] == '{' {
+		return skipWS(v, 1) == len(v)-1
+	}
+	return false
+}
+
+func isTrue(v []byte) bool { return string(bytes.TrimSpace(v)) == "true" }
+
+// objw writes a JSON object member by member into a byte slice.
+type objw struct {
+	b []byte
+	n int
+}
+
+func newObj(b []byte) *objw { return &objw{b: append(b, '{')} }
+
+func (o *objw) key(k string) {
+	if o.n > 0 {
+		o.b = append(o.b, ',')
+	}
+	o.n++
+	o.b = strconv.AppendQuote(o.b, k) // keys here are ASCII identifiers
+	o.b = append(o.b, ':')
+}
+
+// raw writes k with an already-encoded value.
+func (o *objw) raw(k string, v []byte) {
+	o.key(k)
+	o.b = append(o.b, v...)
+}
+
+func (o *objw) str(k, v string) {
+	o.key(k)
+	o.b = appendString(o.b, v)
+}
+
+func (o *objw) bool(k string, v bool) {
+	o.key(k)
+	o.b = strconv.AppendBool(o.b, v)
+}
+
+func (o *objw) int(k string, v int64) {
+	o.key(k)
+	o.b = strconv.AppendInt(o.b, v, 10)
+}
+
+func (o *objw) close() []byte { return append(o.b, '}') }
+
+// appendString appends v as a JSON string.
+func appendString(b []byte, v string) []byte { return appendJSONString(b, v) }
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends src as a JSON string literal, as encoding/json
+// would but without its HTML escaping (results are read by models and
+// clients, never embedded in HTML): quotes, backslashes and control
+// characters are escaped, U+2028 and U+2029 too, and each byte of invalid
+// UTF-8 becomes U+FFFD. It copies runs of plain bytes at once, which is what
+// makes the text copy of a large result cheap.
+func appendJSONString[T string | []byte](b []byte, src T) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(src); {
+		c := src[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, src[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		var r rune
+		var size int
+		switch s := any(src).(type) {
+		case string:
+			r, size = utf8.DecodeRuneInString(s[i:])
+		case []byte:
+			r, size = utf8.DecodeRune(s[i:])
+		}
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, src[start:i]...)
+			b = append(b, `\ufffd`...)
+			i++
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, src[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, src[start:]...)
+	return append(b, '"')
+}
