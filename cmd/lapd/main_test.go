@@ -420,7 +420,7 @@ func TestAdminFlags(t *testing.T) {
 		{[]string{"--admin-addr", "0.0.0.0:9090", "--admin-token", tok}, nil, "0.0.0.0:9090"},
 		{[]string{"--admin-addr", "0.0.0.0:9090"}, map[string]string{"LAPD_ADMIN_TOKEN": tok}, "0.0.0.0:9090"},
 		{nil, map[string]string{"LAPD_ADMIN_ADDR": "127.0.0.1:9091"}, "127.0.0.1:9091"},
-		{[]string{"--admin-addr", "127.0.0.1:8787"}, nil, ""},                    // the public --addr
+		{[]string{"--admin-addr", "127.0.0.1:8787"}, nil, ""},                  // the public --addr
 		{[]string{"--addr", "0.0.0.0:9090", "--admin-addr", ":9090"}, nil, ""}, // overlaps it
 		{[]string{"--admin-addr", ":9090", "--admin-token", "short"}, nil, ""},
 		{[]string{"--admin-token", tok}, nil, ""}, // a token without a listener
