@@ -63,13 +63,9 @@ var _ admin.Backend = adminBackend{}
 func (b adminBackend) Overview(ctx context.Context) admin.Overview {
 	s := b.s
 	st := s.registry.Stats()
-	tabs, held := s.registry.Tabs(0)
 	o := admin.Overview{
 		Version: s.version, StartedAt: s.started.UnixMilli(), Now: s.now().UnixMilli(),
-		Tabs: st.ActiveTabs, Held: held, Draining: s.lap.Draining(), Audit: s.auditQuerier != nil,
-	}
-	for _, t := range tabs {
-		o.Pending += len(s.confirm.PendingFor(t.TID))
+		Tabs: st.ActiveTabs, Held: st.HeldTabs, Pending: s.confirm.Stats().Pending, Draining: s.lap.Draining(), Audit: s.auditQuerier != nil,
 	}
 	if s.mcp != nil {
 		o.MCPSessions = s.mcp.Sessions()

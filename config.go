@@ -95,6 +95,15 @@ type Config struct {
 	// Version().
 	Version string
 
+	// MaxKeptBytes is the ceiling of the data lapd keeps for sessions in
+	// memory (default 512 MiB), split between the parts' byte budgets: tab
+	// log rings and hellos 1/4, idempotent /message bodies 1/4, kept
+	// approval outcomes 1/8, pending approval payloads 1/8, compiled
+	// policies 1/8, and 1/8 left for the /describe cache (it mirrors the
+	// hellos). Each part sheds (the heaviest session's oldest data first),
+	// logs and counts when over; Stats reports it.
+	MaxKeptBytes int64
+
 	// Admin is the operator's side that AdminHandler serves: Prometheus
 	// metrics, pprof, health and the admin console (docs/OPERATING.md).
 	Admin AdminConfig
@@ -120,3 +129,6 @@ type AdminConfig struct {
 	// runtime's), to serve them from a /metrics of your own as well.
 	Registerer prometheus.Registerer
 }
+
+// DefaultMaxKeptBytes is the default of Config.MaxKeptBytes.
+const DefaultMaxKeptBytes = 512 << 20

@@ -49,6 +49,7 @@ type Server struct {
 	auditQuerier audit.Querier // where the admin console reads the audit; nil = nowhere
 	auditHealth  auditHealth
 	adminHandler http.Handler
+	budgets      keptBudgets // the parts' byte budgets, for /metrics
 
 	db      *sql.DB
 	closers []io.Closer
@@ -106,6 +107,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s.audit = audit.New(audit.Config{Sinks: sinks, Logger: s.log, Clock: cfg.Clock})
 
+	kept := cfg.MaxKeptBytes
+	if kept <= 0 {
+		kept = DefaultMaxKeptBytes
+	}
+	share := func(div int64) int { return int(max(kept/div, 1<<20)) }
+	s.budgets = keptBudgets{tabBuffers: share(4), idempotency: share(4), policies: share(8), outcomes: share(8), payloads: share(8)}
 	if s.tokens, err = tokens.NewManager(tokens.Config{Store: tstore, TTL: cfg.TokenTTL, SlidingTTL: cfg.SlidingTTL, Grace: cfg.Grace, Clock: cfg.Clock}); err != nil {
 		return nil, err
 	}
@@ -120,6 +127,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Tokens: s.tokens, Audit: s.audit, Logger: s.log, AllowedOrigins: cfg.Origins,
 		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL,
 		PingInterval: cfg.PingInterval, RPCTimeout: cfg.RPCTimeout, Retention: cfg.Grace,
+		BufferBytes: share(4), LogRingBytes: min(pairing.DefaultLogRingBytes, share(4)),
 	}); err != nil {
 		return nil, err
 	}
@@ -127,7 +135,10 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	// confirm: the hook is installed once the server exists (SetOnExpire
 	// delivers expiries that happened before it, e.g. approvals loaded from
 	// the store already expired, instead of losing them).
-	if s.confirm, err = confirm.New(ctx, confirm.Config{Store: cstore, Expiry: cfg.ConfirmExpiry, Clock: cfg.Clock, Logger: s.log}); err != nil {
+	if s.confirm, err = confirm.New(ctx, confirm.Config{Store: cstore, Expiry: cfg.ConfirmExpiry, Clock: cfg.Clock, Logger: s.log,
+		KeptBytes: share(8), PendingBytes: share(8),
+		KeptBytesPerTID: min(confirm.DefaultKeptBytesPerTID, share(8)), PendingBytesPerTID: min(confirm.DefaultPendingBytesPerTID, share(8)),
+	}); err != nil {
 		return nil, err
 	}
 	s.closers = append(s.closers, closerFunc(s.confirm.Close))
@@ -137,6 +148,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		LAPRate: cfg.LAPRate, LAPBurst: cfg.LAPBurst, MintRate: cfg.MintRate, MintBurst: cfg.MintBurst,
 		Identity: cfg.Identity, AllowAnonymous: cfg.AllowAnonymous, CORSOrigins: cfg.Origins,
 		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL, Clock: cfg.Clock,
+		IdemBytes: share(4), IdemBytesPerTID: min(lap.DefaultIdemBytesPerTID, share(4)), PolicyCacheBytes: share(8),
 		Observer: s.lapObserver(),
 	}); err != nil {
 		return nil, err
@@ -393,4 +405,17 @@ func Version() string {
 		}
 	}
 	return "dev"
+}
+
+// Stats gathers the parts' kept-data gauges and shed counters, for a
+// metrics endpoint.
+type Stats struct {
+	Pairing pairing.Stats
+	Confirm confirm.Stats
+	LAP     lap.Stats
+}
+
+// Stats returns the parts' gauges and counters.
+func (s *Server) Stats() Stats {
+	return Stats{Pairing: s.registry.Stats(), Confirm: s.confirm.Stats(), LAP: s.lap.Stats()}
 }

@@ -277,8 +277,12 @@ var collectorMetrics = []struct {
 	{"lapd_ws_sent_bytes_total", "Payload bytes of the WebSocket messages written to tabs.", nil},
 	{"lapd_ws_frames_dropped_total", "Inbound tab frames dropped, by reason (malformed, unknown-type, unknown-reply: an answer nobody waits for).", []string{"reason"}},
 	{"lapd_ws_upgrades_refused_total", "Requests to the tab WebSocket answered with an error instead of an upgrade.", nil},
-	{"lapd_ws_closes_total", "Tab sockets lapd closed, by reason (superseded, heartbeat, queue-overflow).", []string{"reason"}},
+	{"lapd_ws_closes_total", "Tab sockets lapd closed, by reason (superseded, heartbeat, queue-overflow, overloaded: the hello did not fit the buffer budget).", []string{"reason"}},
 	{"lapd_approvals_pending", "Approvals waiting for a human now.", nil},
+	{"lapd_ws_frames_throttled_total", "Inbound tab frames read late because the socket went over its frame or byte rate (nothing is dropped).", nil},
+	{"lapd_kept_bytes", "Bytes of session data kept in memory now, by part (tab-buffers: log rings and hellos; idempotency: remembered /message results; policies: compiled hello.policy; approval-outcomes; approval-payloads).", []string{"part"}},
+	{"lapd_kept_budget_bytes", "The byte budget of each part (a share of --max-kept-mib); past it the part sheds.", []string{"part"}},
+	{"lapd_kept_shed_total", "Items a part dropped early to stay in its byte budget (log entries and closed tabs' buffers, idempotent results, compiled policies, kept approval outcomes).", []string{"part"}},
 	{"lapd_mcp_sessions", "MCP sessions on /agent/mcp by protocol era (the modern era has no sessions: each call names its lapd session).", []string{"era"}},
 	{"lapd_audit_entries_total", "Audit entries recorded since start.", nil},
 	{"lapd_audit_sink_failures_total", "Audit entry writes a sink failed (the entry is not stored there; the log says which sink).", nil},
@@ -312,8 +316,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	st := s.registry.Stats()
 	gauge("lapd_tabs_connected", float64(st.ActiveTabs))
-	tabs, held := s.registry.Tabs(0)
-	gauge("lapd_tabs_held", float64(held))
+	gauge("lapd_tabs_held", float64(st.HeldTabs))
 	counter("lapd_ws_frames_received_total", st.FramesIn)
 	counter("lapd_ws_frames_sent_total", st.FramesOut)
 	counter("lapd_ws_received_bytes_total", st.BytesIn)
@@ -325,11 +328,26 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter("lapd_ws_closes_total", st.Superseded, "superseded")
 	counter("lapd_ws_closes_total", st.HeartbeatCloses, "heartbeat")
 	counter("lapd_ws_closes_total", st.QueueOverflowCloses, "queue-overflow")
-	pending := 0
-	for _, t := range tabs {
-		pending += len(s.confirm.PendingFor(t.TID))
+	counter("lapd_ws_closes_total", st.OverloadCloses, "overloaded")
+	counter("lapd_ws_frames_throttled_total", st.Throttled)
+	cs, ls := s.confirm.Stats(), s.lap.Stats()
+	gauge("lapd_approvals_pending", float64(cs.Pending))
+	b := s.budgets
+	for _, k := range []struct {
+		part         string
+		bytes        int64
+		budget, shed int64
+	}{
+		{"tab-buffers", st.BufferBytes, int64(b.tabBuffers), st.LogShed + st.ClosedShed},
+		{"idempotency", int64(ls.IdemBytes), int64(b.idempotency), ls.IdemShed},
+		{"policies", int64(ls.PolicyBytes), int64(b.policies), ls.PoliciesEvicted},
+		{"approval-outcomes", int64(cs.KeptBytes), int64(b.outcomes), cs.Shed},
+		{"approval-payloads", int64(cs.PendingBytes), int64(b.payloads), 0},
+	} {
+		gauge("lapd_kept_bytes", float64(k.bytes), k.part)
+		gauge("lapd_kept_budget_bytes", float64(k.budget), k.part)
+		counter("lapd_kept_shed_total", k.shed, k.part)
 	}
-	gauge("lapd_approvals_pending", float64(pending))
 	if s.mcp != nil {
 		gauge("lapd_mcp_sessions", float64(s.mcp.Sessions()), "legacy")
 	}
@@ -521,3 +539,9 @@ func metricsHandler(reg *prometheus.Registry) http.Handler {
 }
 
 func goVersion() string { return runtime.Version() }
+
+// keptBudgets are the byte budgets New gave the parts (shares of
+// Config.MaxKeptBytes).
+type keptBudgets struct {
+	tabBuffers, idempotency, policies, outcomes, payloads int
+}

@@ -173,6 +173,10 @@ func TestMetricsMoveUnderCalls(t *testing.T) {
 		{"lapd_tabs_connected", nil, 1},
 		{"lapd_audit_entries_total", nil, 6},
 		{"go_goroutines", nil, 1},
+		{"lapd_kept_bytes", []string{"part", "tab-buffers"}, 100}, // the tab's hello and log ring
+		{"lapd_kept_budget_bytes", []string{"part", "tab-buffers"}, lapd.DefaultMaxKeptBytes / 4},
+		{"lapd_kept_shed_total", []string{"part", "idempotency"}, 0},
+		{"lapd_approvals_pending", nil, 0},
 	}
 	for _, c := range checks {
 		if v := value(fams, c.name, c.labels...); v < c.min {

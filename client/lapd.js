@@ -72,10 +72,15 @@ export const LIMITS = Object.freeze({
   statsSamples: 1000, // rpc timings kept for stats().rpcHandleMsP50
   feedItems: 40, // log entries the panel's feed shows (newest)
   summaryChars: 200, // an action's summarize() text is cut to this
+  idempotencyKeys: 200, // send_message keys remembered (sessionStorage), each for its ttl
+  idempotencyStoredResult: 16 << 10, // a result is kept across a reload only when its JSON is this small
+  idempotencyKeptResult: 256 << 10, // …and in memory only when this small
 })
 
 const STORAGE_KEY = 'lapd:session'
 const OUTBOX_KEY = 'lapd:outbox'
+const IDEM_KEY = 'lapd:idem'
+const ANSWERED_KEY = 'lapd:answered'
 
 // ───────────────────────────── JSON Pointer ─────────────────────────────
 
@@ -899,7 +904,13 @@ export function createAgent(opts) {
   const confirms = new Map() // confirmId → entry
   const watches = new Map() // id → {path, last}
   let outbox = loadOutbox()
-  const answered = new Set() // confirmIds answered here (bounded): a late confirm-sync must not re-show them
+  const idem = loadIdem() // idempotencyKey → {until, result?, running?}
+  // Approvals answered here: confirmId → the confirm-resolved frame
+  // (bounded, kept across a reload). A confirm-sync that still lists one is
+  // answered again instead of shown again: the first answer may have been
+  // lost with the socket or a server restart, and the human must not be
+  // asked (and the action run) twice.
+  const answered = loadAnswered()
   let ui = null
 
   // ── events ──
@@ -936,12 +947,55 @@ export function createAgent(opts) {
   function clearSession() {
     session = null
     outbox = []
-    try { storage && storage.removeItem(STORAGE_KEY); storage && storage.removeItem(OUTBOX_KEY) } catch { /* ignore */ }
+    try { for (const k of [STORAGE_KEY, OUTBOX_KEY, IDEM_KEY, ANSWERED_KEY]) storage && storage.removeItem(k) } catch { /* ignore */ }
+    idem.clear()
+    answered.clear()
   }
   function loadOutbox() {
     try { const o = storage && JSON.parse(storage.getItem(OUTBOX_KEY) || '[]'); return Array.isArray(o) ? o.slice(0, LIMITS.outbox) : [] } catch { return [] }
   }
   function saveOutbox() { try { storage && storage.setItem(OUTBOX_KEY, JSON.stringify(outbox)) } catch { /* ignore */ } }
+  function loadAnswered() {
+    const m = new Map()
+    try {
+      const o = storage && JSON.parse(storage.getItem(ANSWERED_KEY) || '[]')
+      if (Array.isArray(o)) for (const f of o.slice(-LIMITS.outbox)) if (f && f.t === 'confirm-resolved' && typeof f.confirmId === 'string') m.set(f.confirmId, f)
+    } catch { /* corrupt: ignore */ }
+    return m
+  }
+  function saveAnswered() {
+    const out = []
+    for (const f of answered.values()) {
+      let s = ''
+      try { s = JSON.stringify(f) } catch { /* unserialisable state */ }
+      // a big stateAfter is not kept across a reload; the answer itself is
+      out.push(s && s.length <= LIMITS.idempotencyStoredResult ? f : { t: f.t, confirmId: f.confirmId, outcome: f.outcome })
+    }
+    try { storage && storage.setItem(ANSWERED_KEY, JSON.stringify(out)) } catch { /* quota */ }
+  }
+  // send_message idempotency keys outlive a reload (sessionStorage), each for
+  // the ttl the server sent, so a retried call is never dispatched twice.
+  function loadIdem() {
+    const m = new Map()
+    try {
+      const o = storage && JSON.parse(storage.getItem(IDEM_KEY) || '[]')
+      if (Array.isArray(o)) for (const e of o.slice(-LIMITS.idempotencyKeys)) {
+        if (e && typeof e.key === 'string' && e.until > now()) m.set(e.key, { until: e.until, result: e.result })
+      }
+    } catch { /* corrupt: ignore */ }
+    return m
+  }
+  function saveIdem() {
+    const t = now()
+    const out = []
+    for (const [key, e] of idem) {
+      if (e.until <= t) { idem.delete(key); continue }
+      const rec = { key, until: e.until }
+      if (e.result !== undefined && e.resultBytes <= LIMITS.idempotencyStoredResult) rec.result = e.result
+      out.push(rec)
+    }
+    try { storage && storage.setItem(IDEM_KEY, JSON.stringify(out)) } catch { /* quota: the in-memory map still holds */ }
+  }
 
   // ── state and changes ──
   function wireState() { return toWire(redact(opts.getState())) }
@@ -992,8 +1046,10 @@ export function createAgent(opts) {
   }
   function sendOrQueue(frame) {
     if (frame.t === 'confirm-resolved') {
-      answered.add(frame.confirmId)
-      if (answered.size > LIMITS.outbox) answered.delete(answered.values().next().value)
+      answered.delete(frame.confirmId)
+      answered.set(frame.confirmId, frame)
+      while (answered.size > LIMITS.outbox) answered.delete(answered.keys().next().value)
+      saveAnswered()
     }
     if (send(frame)) return
     if (outbox.length >= LIMITS.outbox) outbox.shift()
@@ -1409,7 +1465,41 @@ export function createAgent(opts) {
     return { effectsObserved: waitFor === 'none' ? 0 : effects, durationMs: now() - start, timedOut, errors }
   }
 
+  // send_message with an idempotencyKey runs once per key: a repeat while
+  // the first runs gets its answer, a later one its kept result, and one
+  // whose result is not kept (too big, or lost with a reload mid-dispatch)
+  // an outcome-unknown error, never a second dispatch. The key is recorded
+  // before anything runs.
   async function sendMessage(args, meta) {
+    const key = typeof args.idempotencyKey === 'string' && args.idempotencyKey && args.idempotencyKey.length <= 200 ? args.idempotencyKey : null
+    if (!key) return sendMessageOnce(args, meta)
+    const seen = idem.get(key)
+    if (seen && seen.until > now()) {
+      const variant = args.msg && typeof args.msg.type === 'string' ? args.msg.type : undefined
+      const log = { variant, intent: `Repeated request for ${variant} (same idempotencyKey): not dispatched again`, kind: 'read' }
+      if (seen.running) return { result: (await seen.running).result, log }
+      if (seen.result !== undefined) return { result: seen.result, log }
+      throw Object.assign(new Error('this request (same idempotencyKey) was already dispatched in this tab, but its result is not kept; observe before retrying'), { code: 'outcome-unknown' })
+    }
+    const ttl = clampNum(args.idempotencyTtlMs, 10 * 60 * 1000, 1000, 24 * 3600 * 1000)
+    const entry = { until: now() + ttl }
+    idem.set(key, entry)
+    while (idem.size > LIMITS.idempotencyKeys) idem.delete(idem.keys().next().value)
+    saveIdem() // write-ahead: a reload from here on knows the key was used
+    entry.running = sendMessageOnce(args, meta)
+    try {
+      const r = await entry.running
+      let bytes = Infinity
+      try { bytes = JSON.stringify(r.result).length } catch { /* not kept */ }
+      if (bytes <= LIMITS.idempotencyKeptResult) { entry.result = r.result; entry.resultBytes = bytes }
+      return r
+    } finally {
+      entry.running = null
+      saveIdem()
+    }
+  }
+
+  async function sendMessageOnce(args, meta) {
     const msg = args.msg && typeof args.msg === 'object' ? fromWire(args.msg) : args.msg
     const variant = msg && typeof msg.type === 'string' ? msg.type : undefined
     const a = actions && variant && own(actions, variant) ? actions[variant] : null
@@ -1461,12 +1551,26 @@ export function createAgent(opts) {
     return describeMsg(actions, { ...fromWire(c.payload || {}), type: c.variant }, opts.getState(), c.intent)
   }
 
+  // Every approval is gated again right before it runs, whatever frame
+  // brought it (our own proposal, or a confirm-sync after a reload): an
+  // unknown or human-only variant, or a payload that fails its schema, is
+  // never dispatched; it is answered as rejected instead.
+  function approvalMsg(c) { return { ...fromWire(c.payload && typeof c.payload === 'object' ? c.payload : {}), type: c.variant } }
+  function refuseApproval(c, gate) {
+    confirms.delete(c.id)
+    sendOrQueue({ t: 'confirm-resolved', confirmId: c.id, outcome: 'user-cancelled' })
+    addLog({ id: `confirm-${c.id}`, at: now(), kind: 'blocked', variant: c.variant, intent: c.intent, confirmId: c.id, detail: `approval refused: ${gate.reason}: ${gate.detail}` })
+    emit('confirm', pendingConfirms(), { ...c, status: 'rejected', reason: gate.reason })
+  }
+
   async function approve(confirmId) {
     const c = confirms.get(confirmId)
     if (!c || c.status !== 'pending') return false
+    const msg = approvalMsg(c)
+    const gate = gateMessage(actions, msg)
+    if (gate) { refuseApproval(c, gate); return false }
     c.status = 'approved'
     emit('confirm', pendingConfirms(), c)
-    const msg = { ...fromWire(c.payload || {}), type: c.variant }
     const note = { summary: confirmSummary(c) }
     const drain = await runDispatch(msg, { waitFor: 'drained', drainQuietMs: 100, timeoutMs: 2000 })
     confirms.delete(confirmId)
@@ -1498,15 +1602,22 @@ export function createAgent(opts) {
 
   function syncConfirms(pending) {
     if (!Array.isArray(pending)) return
-    for (const f of outbox) if (f.t === 'confirm-resolved') answered.add(f.confirmId)
     let changed = false
     for (const p of pending.slice(0, LIMITS.pendingConfirms)) {
-      if (!p || typeof p.confirmId !== 'string' || confirms.has(p.confirmId) || answered.has(p.confirmId)) continue
-      const a = actions && own(actions, p.variant) ? actions[p.variant] : null
-      confirms.set(p.confirmId, {
+      if (!p || typeof p.confirmId !== 'string' || confirms.has(p.confirmId)) continue
+      if (answered.has(p.confirmId)) {
+        // answered here, still pending there: the answer was lost on the way
+        if (!outbox.some((f) => f.t === 'confirm-resolved' && f.confirmId === p.confirmId)) sendOrQueue(answered.get(p.confirmId))
+        continue
+      }
+      const a = actions && typeof p.variant === 'string' && own(actions, p.variant) ? actions[p.variant] : null
+      const c = {
         id: p.confirmId, variant: p.variant, payload: p.payload ?? {}, intent: p.intent || (a && a.intent) || p.variant,
         reason: p.reason ?? null, proposedAt: p.proposedAt ?? now(), expiresAt: p.expiresAt, status: 'pending',
-      })
+      }
+      const gate = gateMessage(actions, approvalMsg(c))
+      if (gate) { refuseApproval(c, gate); continue } // never shown: it could not run anyway
+      confirms.set(p.confirmId, c)
       changed = true
     }
     if (changed) { emit('confirm', pendingConfirms()); if (ui) ui.schedule() }

@@ -32,11 +32,13 @@
 //     Wait that starts after the resolution (the "poll gap") still sees it.
 //     Any number of waiters may wait on one id; all get the same answer.
 //   - First wins: a second Resolve of the same id is ignored.
-//   - Resolving an id that was never proposed (the tab answered a confirm the
-//     server never saw proposed, e.g. after a restart with a memory store, or
-//     the human clicked before the proposal was recorded) is still recorded
-//     and kept; a later Propose of that id is then a no-op and Wait returns
-//     the resolution at once.
+//   - An outcome is kept only for an id that was proposed: Resolve of an
+//     unknown id is dropped and counted (Stats.Unproposed), so a tab cannot
+//     fill memory with made-up ids. The one legitimate early answer (the tab
+//     proposed, the human clicked, and the confirm-resolved frame overtook
+//     the server's Propose) is covered by Expect: while a caller holds an
+//     Expect for the tid, an unknown id's resolution is parked (at most
+//     MaxParkedPerTID) and applied by the Propose that follows.
 //   - An approval not answered within Expiry (default 10 min) resolves as
 //     {status:"rejected", reason:"timeout"}, is deleted from the Store, and
 //     Config.OnExpire is called, outside every lock, from a timer goroutine
@@ -44,16 +46,23 @@
 //     delivered when it is set).
 //   - New loads every approval in the Store and re-arms its timer; one that
 //     already expired expires right after New returns.
-//   - Bounds: at most MaxPendingPerTID pending approvals per tid (Propose
-//     returns ErrTooManyPending past that), at most MaxKept kept resolutions
-//     in all and MaxKeptPerTID per tid (the oldest are dropped first, so a
-//     misbehaving tab cannot evict another tab's answers).
+//   - Bounds, in entries and in bytes: at most MaxPendingPerTID pending
+//     approvals and Config.PendingBytesPerTID bytes of their payloads per tid,
+//     Config.PendingBytes in all (Propose returns ErrTooManyPending past
+//     that); at most MaxKeptPerTID kept resolutions and
+//     Config.KeptBytesPerTID bytes of them per tid (that tid's oldest go
+//     first), and MaxKept / Config.KeptBytes in all: past those, the oldest
+//     resolution of the tid keeping the most bytes goes, never a global FIFO,
+//     so one session (or many tokens of one client) cannot evict another's
+//     answers. Every resolution dropped this way is counted (Stats.Shed) and
+//     logged.
 //
 // Timers are ordinary time.AfterFunc timers and times are read from
 // Config.Clock, so tests drive expiry and keep windows with testing/synctest.
 package confirm
 
 import (
+	"bytes"
 	"container/list"
 	"context"
 	"encoding/json"
@@ -77,7 +86,8 @@ var ErrTooManyPending = errors.New("confirm: too many pending approvals for this
 var ErrClosed = errors.New("confirm: manager closed")
 
 // ErrDuplicate is returned by Propose when the confirmId is already pending
-// for that tid.
+// for that tid with another variant or payload. Proposing the same approval
+// again is not an error.
 var ErrDuplicate = errors.New("confirm: confirmId already pending")
 
 // Bounds of a Manager.
@@ -85,8 +95,17 @@ const (
 	MaxPendingPerTID = 1000    // pending approvals per tid
 	MaxKept          = 10000   // kept resolutions in all
 	MaxKeptPerTID    = 1000    // kept resolutions per tid
+	MaxParkedPerTID  = 16      // early resolutions waiting for their Propose (see Expect)
 	MaxIDLen         = 200     // length of a confirmId or tid
 	MaxPayload       = 1 << 20 // bytes of a Pending.Payload
+)
+
+// Byte budgets: the defaults of Config's zero values.
+const (
+	DefaultPendingBytesPerTID = 8 << 20
+	DefaultPendingBytes       = 64 << 20
+	DefaultKeptBytesPerTID    = 16 << 20
+	DefaultKeptBytes          = 64 << 20
 )
 
 // Defaults of Config.
@@ -116,6 +135,11 @@ type Pending struct {
 	Reason     string          `json:"reason,omitempty"`
 	ProposedAt int64           `json:"proposedAt"`
 	ExpiresAt  int64           `json:"expiresAt"`
+
+	// Outcome is nil while the approval is pending. A Store holds answered
+	// approvals too, with their Outcome (ResolvedAt set), for the Keep
+	// window: the answer survives a restart like the question does.
+	Outcome *Resolution `json:"-"`
 }
 
 // Resolution is how an approval ended.
@@ -127,11 +151,13 @@ type Resolution struct {
 	ResolvedAt int64           `json:"-"`
 }
 
-// Store persists pending approvals. Safe for concurrent use.
+// Store persists approvals: pending ones, and answered ones (Pending.Outcome
+// set) for the Keep window. Put inserts or replaces by (TID, ConfirmID).
+// Safe for concurrent use.
 type Store interface {
 	Put(ctx context.Context, p Pending) error
 	Delete(ctx context.Context, tid, confirmID string) error
-	List(ctx context.Context) ([]Pending, error) // every pending approval (load at start)
+	List(ctx context.Context) ([]Pending, error) // every approval, pending or answered (load at start)
 	Close() error
 }
 
@@ -142,7 +168,22 @@ type Config struct {
 	Keep     time.Duration    // resolutions kept; default 5m
 	Clock    func() time.Time // default time.Now
 	OnExpire func(p Pending)  // called (outside locks) when an approval times out; push confirm-expire here
-	Logger   *slog.Logger     // store failures in timer goroutines; nil = discard
+	Logger   *slog.Logger     // store failures in timer goroutines, shedding; nil = discard
+
+	PendingBytesPerTID int // payload bytes of pending approvals per tid; default 8 MiB
+	PendingBytes       int // … in all; default 64 MiB
+	KeptBytesPerTID    int // bytes of kept resolutions (stateAfter) per tid; default 16 MiB
+	KeptBytes          int // … in all; default 64 MiB
+}
+
+// Stats are a Manager's gauges and counters (for metrics).
+type Stats struct {
+	Pending      int   // approvals pending now
+	PendingBytes int   // their payload bytes
+	Kept         int   // resolutions kept now
+	KeptBytes    int   // their bytes
+	Shed         int64 // kept resolutions dropped early for a bound, since New
+	Unproposed   int64 // resolutions of ids never proposed, dropped, since New
 }
 
 type key struct{ tid, id string }
@@ -164,10 +205,14 @@ type entry struct {
 }
 
 type tidState struct {
-	pending map[string]*entry
-	kept    map[string]*entry
-	order   *list.List // kept entries of this tid, oldest first
-	seq     map[string]uint64
+	pending      map[string]*entry
+	kept         map[string]*entry
+	order        *list.List // kept entries of this tid, oldest first
+	seq          map[string]uint64
+	pendingBytes int
+	keptBytes    int
+	expecting    int                   // Expect calls not yet released
+	parked       map[string]Resolution // early resolutions (see Expect)
 }
 
 // Manager tracks approvals. Safe for concurrent use.
@@ -186,6 +231,10 @@ type Manager struct {
 
 	onExpire   func(Pending) // guarded by mu; starts as cfg.OnExpire
 	unnotified []Pending     // expiries while onExpire was nil (bounded)
+
+	pendingBytes, keptBytes int       // guarded by mu
+	shed, unproposed        int64     // guarded by mu
+	lastShedLog             time.Time // guarded by mu
 }
 
 // maxUnnotified bounds the expiries kept for a hook set later.
@@ -202,6 +251,15 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&cfg.PendingBytesPerTID, DefaultPendingBytesPerTID)
+	def(&cfg.PendingBytes, DefaultPendingBytes)
+	def(&cfg.KeptBytesPerTID, DefaultKeptBytesPerTID)
+	def(&cfg.KeptBytes, DefaultKeptBytes)
 	m := &Manager{
 		cfg:   cfg,
 		log:   cfg.Logger,
@@ -229,9 +287,51 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		if _, dup := ts.pending[p.ConfirmID]; dup {
 			continue
 		}
+		if _, dup := ts.kept[p.ConfirmID]; dup {
+			continue
+		}
+		if r := p.Outcome; r != nil {
+			// An answer from before the restart: kept for what is left of
+			// its window (and within the budgets), like any other.
+			if m.now().Sub(time.UnixMilli(r.ResolvedAt)) >= m.cfg.Keep {
+				m.storeDelete(p.TID, p.ConfirmID)
+				m.forget(p.TID)
+				continue
+			}
+			e := &entry{key: key{p.TID, p.ConfirmID}, p: p, done: make(chan struct{})}
+			e.p.Outcome = nil
+			m.keepLocked(ts, e, *r, time.UnixMilli(r.ResolvedAt).Add(m.cfg.Keep))
+			continue
+		}
 		m.addPending(ts, p)
 	}
 	return m, nil
+}
+
+// storeDelete removes an approval from the Store (from timer and shedding
+// paths, without a caller's ctx). Caller holds mu.
+func (m *Manager) storeDelete(tid, id string) {
+	if m.cfg.Store == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if err := m.cfg.Store.Delete(ctx, tid, id); err != nil {
+		m.log.Warn("confirm: delete approval from store", "tid", tid, "confirmId", id, "err", err)
+	}
+}
+
+// storeResolved records e's answer in the Store. Caller holds mu.
+func (m *Manager) storeResolved(ctx context.Context, e *entry, r Resolution) {
+	if m.cfg.Store == nil {
+		return
+	}
+	p := e.p
+	p.TID, p.ConfirmID = e.key.tid, e.key.id
+	p.Outcome = &r
+	if err := m.cfg.Store.Put(ctx, p); err != nil {
+		m.log.Warn("confirm: record the answer in the store", "tid", e.key.tid, "confirmId", e.key.id, "err", err)
+	}
 }
 
 func (m *Manager) now() time.Time { return m.cfg.Clock() }
@@ -253,7 +353,7 @@ func (m *Manager) tid(tid string) *tidState {
 
 // forget removes tid's state once it holds nothing. Caller holds mu.
 func (m *Manager) forget(tid string) {
-	if ts := m.tids[tid]; ts != nil && len(ts.pending) == 0 && len(ts.kept) == 0 {
+	if ts := m.tids[tid]; ts != nil && len(ts.pending) == 0 && len(ts.kept) == 0 && ts.expecting == 0 && len(ts.parked) == 0 {
 		delete(m.tids, tid)
 	}
 }
@@ -262,6 +362,8 @@ func (m *Manager) forget(tid string) {
 func (m *Manager) addPending(ts *tidState, p Pending) *entry {
 	e := &entry{key: key{p.TID, p.ConfirmID}, p: p, pending: true, done: make(chan struct{})}
 	ts.pending[p.ConfirmID] = e
+	ts.pendingBytes += pendingSize(p)
+	m.pendingBytes += pendingSize(p)
 	m.seq++
 	ts.seq[p.ConfirmID] = m.seq
 	d := time.UnixMilli(p.ExpiresAt).Sub(m.now())
@@ -279,10 +381,23 @@ func (m *Manager) stopTimer(t *time.Timer) {
 
 func validID(s string) bool { return s != "" && len(s) <= MaxIDLen }
 
+// pendingSize is what a pending approval costs in bytes (about).
+func pendingSize(p Pending) int {
+	return len(p.Payload) + len(p.ConfirmID) + len(p.Variant) + len(p.Intent) + len(p.Reason) + 128
+}
+
+// keptSize is what a kept resolution costs in bytes (about).
+func keptSize(id string, r Resolution) int {
+	return len(r.StateAfter) + len(id) + len(r.Variant) + len(r.Reason) + 128
+}
+
 // Propose records a pending approval (ProposedAt/ExpiresAt filled if zero).
 // If the id was already resolved (the human answered before the proposal was
 // recorded), Propose does nothing and returns nil: Wait returns that answer.
-// It returns ErrDuplicate if the id is already pending, ErrTooManyPending past
+// Proposing an approval that is already pending with the same variant and
+// payload does nothing (a retried /message whose tab answered with the same
+// confirmId). It returns ErrDuplicate if the id is pending for another
+// variant or payload, ErrTooManyPending past
 // MaxPendingPerTID, and the Store's error if persisting fails.
 func (m *Manager) Propose(ctx context.Context, p Pending) error {
 	if !validID(p.TID) || !validID(p.ConfirmID) {
@@ -305,7 +420,10 @@ func (m *Manager) Propose(ctx context.Context, p Pending) error {
 		p.ExpiresAt = now.Add(m.cfg.Expiry).UnixMilli()
 	}
 	ts := m.tid(p.TID)
-	if _, ok := ts.pending[p.ConfirmID]; ok {
+	if e, ok := ts.pending[p.ConfirmID]; ok {
+		if e.p.Variant == p.Variant && bytes.Equal(e.p.Payload, p.Payload) {
+			return nil // the same proposal again (a retried /message)
+		}
 		return ErrDuplicate
 	}
 	if _, ok := ts.kept[p.ConfirmID]; ok {
@@ -315,21 +433,66 @@ func (m *Manager) Propose(ctx context.Context, p Pending) error {
 		m.forget(p.TID)
 		return fmt.Errorf("%w (limit %d)", ErrTooManyPending, MaxPendingPerTID)
 	}
+	if n := pendingSize(p); ts.pendingBytes+n > m.cfg.PendingBytesPerTID || m.pendingBytes+n > m.cfg.PendingBytes {
+		m.forget(p.TID)
+		return fmt.Errorf("%w (their payloads are over the byte budget)", ErrTooManyPending)
+	}
 	if m.cfg.Store != nil {
 		if err := m.cfg.Store.Put(ctx, p); err != nil {
 			m.forget(p.TID)
 			return fmt.Errorf("confirm: persist approval: %w", err)
 		}
 	}
-	m.addPending(ts, p)
+	e := m.addPending(ts, p)
+	if r, ok := ts.parked[p.ConfirmID]; ok { // answered before it was recorded
+		delete(ts.parked, p.ConfirmID)
+		m.stopTimer(e.timer)
+		if r.Variant == "" {
+			r.Variant = p.Variant
+		}
+		m.resolveLocked(ts, e, r)
+		if ts.kept[p.ConfirmID] == e {
+			m.storeResolved(ctx, e, e.res)
+		}
+	}
 	return nil
+}
+
+// Expect tells the Manager that a Propose for tid may follow (the tab was
+// asked to dispatch and may answer with a proposal): until release is
+// called, a Resolve of an id not yet proposed for tid is parked instead of
+// dropped, and the Propose applies it. Call release once, after the Propose
+// (or when none will come); parked resolutions left then are dropped.
+func (m *Manager) Expect(tid string) (release func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || !validID(tid) {
+		return func() {}
+	}
+	m.tid(tid).expecting++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			ts := m.tids[tid]
+			if ts == nil {
+				return
+			}
+			if ts.expecting--; ts.expecting == 0 {
+				m.unproposed += int64(len(ts.parked))
+				ts.parked = nil
+				m.forget(tid)
+			}
+		})
+	}
 }
 
 // Resolve records the outcome for tid/confirmID and wakes its waiters. It
 // returns the pending entry and true if it was pending; a second resolution
-// of the same id is ignored (first wins). An id that is not pending is still
-// recorded (and kept for Keep), because the tab may answer a confirm this
-// server never saw proposed; Resolve then returns false.
+// of the same id is ignored (first wins). The outcome of an id that was
+// never proposed is not kept (it is parked while an Expect is held, see
+// Expect); Resolve then returns false.
 func (m *Manager) Resolve(ctx context.Context, tid, confirmID string, r Resolution) (Pending, bool) {
 	if !validID(tid) || !validID(confirmID) {
 		return Pending{}, false
@@ -340,25 +503,35 @@ func (m *Manager) Resolve(ctx context.Context, tid, confirmID string, r Resoluti
 		return Pending{}, false
 	}
 	m.sweepLocked()
-	ts := m.tid(tid)
+	ts := m.tids[tid]
+	if ts == nil || (ts.pending[confirmID] == nil && ts.kept[confirmID] == nil) {
+		// Never proposed: keep nothing, unless a proposal may be on its way.
+		if ts != nil && ts.expecting > 0 && len(ts.parked) < MaxParkedPerTID && keptSize(confirmID, r) <= m.cfg.KeptBytesPerTID {
+			if _, dup := ts.parked[confirmID]; !dup {
+				if ts.parked == nil {
+					ts.parked = map[string]Resolution{}
+				}
+				ts.parked[confirmID] = r
+			}
+			return Pending{}, false
+		}
+		m.unproposed++
+		return Pending{}, false
+	}
 	if _, ok := ts.kept[confirmID]; ok {
 		return Pending{}, false
 	}
 	e, wasPending := ts.pending[confirmID]
 	if wasPending {
 		m.stopTimer(e.timer)
-		if m.cfg.Store != nil {
-			if err := m.cfg.Store.Delete(ctx, tid, confirmID); err != nil {
-				m.log.Warn("confirm: delete resolved approval from store", "tid", tid, "confirmId", confirmID, "err", err)
-			}
-		}
 		if r.Variant == "" {
 			r.Variant = e.p.Variant
 		}
-	} else {
-		e = &entry{key: key{tid, confirmID}, done: make(chan struct{})}
 	}
 	m.resolveLocked(ts, e, r)
+	if e.resolved && ts.kept[confirmID] == e {
+		m.storeResolved(ctx, e, e.res)
+	}
 	return e.p, wasPending
 }
 
@@ -369,35 +542,94 @@ func (m *Manager) resolveLocked(ts *tidState, e *entry, r Resolution) {
 	if r.ResolvedAt == 0 {
 		r.ResolvedAt = now.UnixMilli()
 	}
+	if e.pending {
+		ts.pendingBytes -= pendingSize(e.p)
+		m.pendingBytes -= pendingSize(e.p)
+	}
 	delete(ts.pending, e.key.id)
 	delete(ts.seq, e.key.id)
 	e.pending = false
+	m.keepLocked(ts, e, r, now.Add(m.cfg.Keep))
+}
+
+// keepLocked records r as e's answer, keeps it until keepTill (within the
+// budgets) and wakes e's waiters. Caller holds mu.
+func (m *Manager) keepLocked(ts *tidState, e *entry, r Resolution, keepTill time.Time) {
+	now := m.now()
 	e.resolved = true
 	e.res = r
-	e.keepTill = now.Add(m.cfg.Keep)
+	e.keepTill = keepTill
 	close(e.done)
 
+	n := keptSize(e.key.id, r)
 	ts.kept[e.key.id] = e
+	ts.keptBytes += n
+	m.keptBytes += n
 	e.tElem = ts.order.PushBack(e)
 	e.gElem = m.kept.PushBack(e)
-	for ts.order.Len() > MaxKeptPerTID {
+	shed := 0
+	for ts.order.Len() > 1 && (ts.order.Len() > MaxKeptPerTID || ts.keptBytes > m.cfg.KeptBytesPerTID) {
 		m.unkeep(ts.order.Front().Value.(*entry))
+		shed++
 	}
-	for m.kept.Len() > MaxKept {
-		m.unkeep(m.kept.Front().Value.(*entry))
+	for m.kept.Len() > MaxKept || m.keptBytes > m.cfg.KeptBytes {
+		heavy := m.heaviestLocked()
+		if heavy == nil {
+			break
+		}
+		m.unkeep(heavy.order.Front().Value.(*entry))
+		shed++
+	}
+	if shed > 0 {
+		m.shed += int64(shed)
+		if now.Sub(m.lastShedLog) > 10*time.Second {
+			m.lastShedLog = now
+			m.log.Warn("confirm: kept approval outcomes over budget; dropped the oldest of the heaviest sessions",
+				"dropped", shed, "dropped_total", m.shed, "kept", m.kept.Len(), "kept_bytes", m.keptBytes)
+		}
 	}
 	m.armSweep()
 }
 
-// unkeep forgets a kept resolution. Caller holds mu.
+// heaviestLocked returns the tid state keeping the most bytes of
+// resolutions (by count on a tie). Caller holds mu.
+func (m *Manager) heaviestLocked() *tidState {
+	var heavy *tidState
+	for _, ts := range m.tids {
+		if ts.order.Len() == 0 {
+			continue
+		}
+		if heavy == nil || ts.keptBytes > heavy.keptBytes || (ts.keptBytes == heavy.keptBytes && ts.order.Len() > heavy.order.Len()) {
+			heavy = ts
+		}
+	}
+	return heavy
+}
+
+// unkeep forgets a kept resolution (here and in the Store). Caller holds mu.
 func (m *Manager) unkeep(e *entry) {
 	ts := m.tids[e.key.tid]
+	m.storeDelete(e.key.tid, e.key.id)
 	m.kept.Remove(e.gElem)
+	n := keptSize(e.key.id, e.res)
+	m.keptBytes -= n
 	if ts != nil {
+		ts.keptBytes -= n
 		ts.order.Remove(e.tElem)
 		delete(ts.kept, e.key.id)
 		m.forget(e.key.tid)
 	}
+}
+
+// Stats returns the Manager's gauges and counters.
+func (m *Manager) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := Stats{PendingBytes: m.pendingBytes, Kept: m.kept.Len(), KeptBytes: m.keptBytes, Shed: m.shed, Unproposed: m.unproposed}
+	for _, ts := range m.tids {
+		st.Pending += len(ts.pending)
+	}
+	return st
 }
 
 // sweepLocked drops kept resolutions past their keep window. Caller holds mu.
@@ -446,14 +678,12 @@ func (m *Manager) expire(e *entry) {
 		m.mu.Unlock()
 		return
 	}
-	if m.cfg.Store != nil {
+	m.resolveLocked(ts, e, Resolution{Status: StatusRejected, Reason: ReasonTimeout, Variant: e.p.Variant})
+	if ts.kept[e.key.id] == e {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-		if err := m.cfg.Store.Delete(ctx, e.key.tid, e.key.id); err != nil {
-			m.log.Warn("confirm: delete expired approval from store", "tid", e.key.tid, "confirmId", e.key.id, "err", err)
-		}
+		m.storeResolved(ctx, e, e.res)
 		cancel()
 	}
-	m.resolveLocked(ts, e, Resolution{Status: StatusRejected, Reason: ReasonTimeout, Variant: e.p.Variant})
 	p, hook := e.p, m.onExpire
 	if hook == nil {
 		if len(m.unnotified) >= maxUnnotified {
@@ -507,6 +737,14 @@ func (m *Manager) Wait(ctx context.Context, tid, confirmID string) (Resolution, 
 	m.mu.Unlock()
 	if e == nil {
 		return Resolution{}, ErrUnknown
+	}
+	select {
+	case <-e.done: // an answer already there wins over a ctx already done
+		if e.resolved {
+			return e.res, nil
+		}
+		return Resolution{}, e.err
+	default:
 	}
 	select {
 	case <-e.done:
@@ -566,6 +804,7 @@ func (m *Manager) Drop(ctx context.Context, tid string) {
 	}
 	for id, e := range ts.pending {
 		m.stopTimer(e.timer)
+		m.pendingBytes -= pendingSize(e.p)
 		e.pending = false
 		e.err = ErrUnknown
 		close(e.done)
@@ -575,15 +814,21 @@ func (m *Manager) Drop(ctx context.Context, tid string) {
 			}
 		}
 	}
-	for _, e := range ts.kept {
+	for id, e := range ts.kept {
 		m.kept.Remove(e.gElem)
+		if m.cfg.Store != nil {
+			if err := m.cfg.Store.Delete(ctx, tid, id); err != nil {
+				m.log.Warn("confirm: delete dropped answer from store", "tid", tid, "confirmId", id, "err", err)
+			}
+		}
 	}
+	m.keptBytes -= ts.keptBytes
 	delete(m.tids, tid)
 }
 
 // Close stops timers, wakes every waiter with ErrClosed, waits for timer
 // callbacks that already started, and closes the store. Pending approvals
-// stay in the Store for the next New. Close is idempotent.
+// and kept answers stay in the Store for the next New. Close is idempotent.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	if m.closed {
@@ -602,6 +847,7 @@ func (m *Manager) Close() error {
 	}
 	m.tids = make(map[string]*tidState)
 	m.kept.Init()
+	m.pendingBytes, m.keptBytes = 0, 0
 	m.mu.Unlock()
 	m.timers.Wait()
 	if m.cfg.Store != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,8 +53,9 @@ func TestProposeResolveWait(t *testing.T) {
 	if err != nil || r.Status != StatusConfirmed || string(r.StateAfter) != `{"todos":[]}` || r.Variant != "clearAll" || r.ResolvedAt == 0 {
 		t.Fatalf("Wait = %+v, %v", r, err)
 	}
-	if ps, _ := store.List(ctx); len(ps) != 0 {
-		t.Fatalf("store still holds %d approvals after Resolve", len(ps))
+	// The store keeps the answer for the keep window (it survives a restart).
+	if ps, _ := store.List(ctx); len(ps) != 1 || ps[0].Outcome == nil || ps[0].Outcome.Status != StatusConfirmed || string(ps[0].Outcome.StateAfter) != `{"todos":[]}` {
+		t.Fatalf("store after Resolve = %+v, want the answered approval", ps)
 	}
 	if got := m.PendingFor("t1"); len(got) != 0 {
 		t.Fatalf("PendingFor after Resolve = %v", got)
@@ -174,8 +176,8 @@ func TestExpiry(t *testing.T) {
 			t.Fatalf("OnExpire calls = %+v, want one for t/c", expired)
 		}
 		mu.Unlock()
-		if ps, _ := store.List(t.Context()); len(ps) != 0 {
-			t.Fatalf("store still holds %+v after expiry", ps)
+		if ps, _ := store.List(t.Context()); len(ps) != 1 || ps[0].Outcome == nil || ps[0].Outcome.Reason != ReasonTimeout {
+			t.Fatalf("store after expiry = %+v, want the timeout answer", ps)
 		}
 		// A late approval loses: first wins.
 		if _, ok := m.Resolve(t.Context(), "t", "c", confirmed); ok {
@@ -202,6 +204,9 @@ func TestResolveFirstWins(t *testing.T) {
 	}
 }
 
+// An outcome is never kept for an id that was never proposed: before, a tab
+// could send confirm-resolved frames with made-up ids and megabytes of
+// stateAfter and have every one kept (10,000 × 4 MB).
 func TestResolveUnproposed(t *testing.T) {
 	t.Parallel()
 	m := newManager(t, Config{})
@@ -209,21 +214,49 @@ func TestResolveUnproposed(t *testing.T) {
 	if _, ok := m.Resolve(ctx, "t", "early", confirmed); ok {
 		t.Fatal("Resolve of an unproposed id reported pending")
 	}
-	if r, err := m.Wait(ctx, "t", "early"); err != nil || r.Status != StatusConfirmed {
-		t.Fatalf("Wait on an unproposed but resolved id = %+v, %v", r, err)
+	if _, err := m.Wait(ctx, "t", "early"); !errors.Is(err, ErrUnknown) {
+		t.Fatalf("Wait on an unproposed id: %v, want ErrUnknown (nothing kept)", err)
 	}
-	// The proposal arrives after the answer: nothing becomes pending.
+	if st := m.Stats(); st.Kept != 0 || st.KeptBytes != 0 || st.Unproposed != 1 {
+		t.Fatalf("Stats = %+v, want nothing kept and 1 unproposed", st)
+	}
+	// A proposal arriving later is pending as usual.
 	if err := m.Propose(ctx, prop("t", "early")); err != nil {
-		t.Fatalf("Propose after Resolve: %v", err)
+		t.Fatal(err)
+	}
+	if ps := m.PendingFor("t"); len(ps) != 1 {
+		t.Fatalf("PendingFor = %+v", ps)
+	}
+}
+
+// The tab proposes, the human clicks at once and the confirm-resolved frame
+// overtakes the server's Propose: with an Expect held, the answer is parked
+// and applied by the Propose, not lost.
+func TestExpectParksEarlyResolution(t *testing.T) {
+	t.Parallel()
+	m := newManager(t, Config{})
+	ctx := t.Context()
+	release := m.Expect("t")
+	m.Resolve(ctx, "t", "c", confirmed)
+	if err := m.Propose(ctx, prop("t", "c")); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if r, err := m.Wait(ctx, "t", "c"); err != nil || r.Status != StatusConfirmed || r.Variant != "clearAll" {
+		t.Fatalf("Wait = %+v, %v; want the parked confirmation", r, err)
 	}
 	if ps := m.PendingFor("t"); len(ps) != 0 {
-		t.Fatalf("PendingFor = %+v, want none", ps)
+		t.Fatalf("still pending: %+v", ps)
 	}
-	if _, err := m.Wait(ctx, "t", "never"); !errors.Is(err, ErrUnknown) {
-		t.Fatalf("Wait on an unknown id: %v, want ErrUnknown", err)
+	// parked answers no Propose claimed are dropped at release; the park is bounded
+	release = m.Expect("t")
+	for i := range MaxParkedPerTID + 5 {
+		m.Resolve(ctx, "t", fmt.Sprint("junk", i), confirmed)
 	}
-	if _, err := m.Wait(ctx, "other", "early"); !errors.Is(err, ErrUnknown) {
-		t.Fatalf("Wait with another tid: %v, want ErrUnknown", err)
+	release()
+	release() // twice is harmless
+	if st := m.Stats(); st.Kept != 1 || st.Unproposed != MaxParkedPerTID+5 {
+		t.Fatalf("Stats = %+v", st)
 	}
 }
 
@@ -234,13 +267,17 @@ func TestProposeErrors(t *testing.T) {
 	if err := m.Propose(ctx, prop("t", "c")); err != nil {
 		t.Fatal(err)
 	}
+	// the same proposal again (a retried /message) is not an error
+	if err := m.Propose(ctx, prop("t", "c")); err != nil {
+		t.Fatalf("re-proposing the same approval: %v", err)
+	}
 	long := string(make([]byte, MaxIDLen+1))
 	tests := []struct {
 		name string
 		p    Pending
 		want error
 	}{
-		{"duplicate", prop("t", "c"), ErrDuplicate},
+		{"duplicate id, other variant", Pending{TID: "t", ConfirmID: "c", Variant: "resetDemo"}, ErrDuplicate},
 		{"empty tid", prop("", "c"), nil},
 		{"empty id", prop("t", ""), nil},
 		{"long id", prop("t", long), nil},
@@ -336,12 +373,19 @@ func TestBounds(t *testing.T) {
 			t.Fatalf("Propose after one resolved: %v", err)
 		}
 	})
+	resolve := func(m *Manager, tid, id string, r Resolution) {
+		t.Helper()
+		if err := m.Propose(t.Context(), prop(tid, id)); err != nil {
+			t.Fatal(err)
+		}
+		m.Resolve(t.Context(), tid, id, r)
+	}
 	t.Run("KeptPerTID", func(t *testing.T) {
 		t.Parallel()
 		m := newManager(t, Config{})
-		m.Resolve(t.Context(), "victim", "v", confirmed)
+		resolve(m, "victim", "v", confirmed)
 		for i := range MaxKeptPerTID + 1 {
-			m.Resolve(t.Context(), "spammer", fmt.Sprint(i), confirmed)
+			resolve(m, "spammer", fmt.Sprint(i), confirmed)
 		}
 		if _, err := m.Wait(t.Context(), "spammer", "0"); !errors.Is(err, ErrUnknown) {
 			t.Fatalf("oldest of the tid not dropped: %v", err)
@@ -356,17 +400,59 @@ func TestBounds(t *testing.T) {
 	t.Run("KeptTotal", func(t *testing.T) {
 		t.Parallel()
 		m := newManager(t, Config{})
+		resolve(m, "victim", "v", confirmed)
 		for i := range MaxKept + 1 {
-			m.Resolve(t.Context(), fmt.Sprint("t", i%(MaxKept/MaxKeptPerTID+1)), fmt.Sprint(i), confirmed)
+			resolve(m, fmt.Sprint("t", i%(MaxKept/MaxKeptPerTID+1)), fmt.Sprint(i), confirmed)
 		}
-		m.mu.Lock()
-		n := m.kept.Len()
-		m.mu.Unlock()
-		if n != MaxKept {
+		if n := m.Stats().Kept; n != MaxKept {
 			t.Fatalf("kept %d resolutions, want %d", n, MaxKept)
 		}
 		if _, err := m.Wait(t.Context(), "t0", "0"); !errors.Is(err, ErrUnknown) {
-			t.Fatalf("oldest resolution not dropped: %v", err)
+			t.Fatalf("oldest resolution of a heavy tid not dropped: %v", err)
+		}
+		if _, err := m.Wait(t.Context(), "victim", "v"); err != nil {
+			t.Fatalf("the light tid's only resolution was evicted: %v", err)
+		}
+	})
+	// Medium 11 of the review: 11 tokens × 1,000 junk confirm-resolved frames
+	// turned a victim's confirmed into "unknown confirmId". Junk ids are not
+	// kept at all now; and real outcomes are budgeted in bytes, per tid and
+	// in all, shedding from the heaviest session.
+	t.Run("OtherTokensCannotEvict", func(t *testing.T) {
+		t.Parallel()
+		m := newManager(t, Config{KeptBytesPerTID: 200_000, KeptBytes: 1_000_000})
+		resolve(m, "victim", "v", confirmed)
+		big := Resolution{Status: StatusConfirmed, StateAfter: json.RawMessage(`"` + strings.Repeat("x", 50_000) + `"`)}
+		for tok := range 11 {
+			for i := range 1000 {
+				m.Resolve(t.Context(), fmt.Sprint("attacker", tok), fmt.Sprint("junk", i), big)
+			}
+			for i := range 10 {
+				resolve(m, fmt.Sprint("attacker", tok), fmt.Sprint("real", i), big)
+			}
+		}
+		st := m.Stats()
+		if st.KeptBytes > 1_000_000 || st.Unproposed != 11_000 || st.Shed == 0 {
+			t.Fatalf("Stats = %+v; want ≤ 1 MB kept, 11000 unproposed, some shed", st)
+		}
+		if r, err := m.Wait(t.Context(), "victim", "v"); err != nil || r.Status != StatusConfirmed {
+			t.Fatalf("victim's outcome: %+v, %v", r, err)
+		}
+	})
+	t.Run("PendingBytes", func(t *testing.T) {
+		t.Parallel()
+		m := newManager(t, Config{PendingBytesPerTID: 100_000})
+		p := prop("t", "a")
+		p.Payload = json.RawMessage(`"` + strings.Repeat("x", 60_000) + `"`)
+		if err := m.Propose(t.Context(), p); err != nil {
+			t.Fatal(err)
+		}
+		p.ConfirmID = "b"
+		if err := m.Propose(t.Context(), p); !errors.Is(err, ErrTooManyPending) {
+			t.Fatalf("Propose over the byte budget: %v, want ErrTooManyPending", err)
+		}
+		if err := m.Propose(t.Context(), prop("other", "c")); err != nil {
+			t.Fatalf("another tid: %v", err)
 		}
 	})
 }
@@ -455,8 +541,59 @@ func TestRestartSQLite(t *testing.T) {
 		if r, _ := m.Wait(t.Context(), "t", "will-expire"); r.Reason != ReasonTimeout {
 			t.Fatalf("Wait = %+v, want timeout", r)
 		}
+		// Answers are kept for Keep, then gone from SQLite too.
+		time.Sleep(DefaultKeep + time.Second)
+		synctest.Wait()
+		if _, err := m.Wait(t.Context(), "t", "will-confirm"); !errors.Is(err, ErrUnknown) {
+			t.Fatalf("after Keep: %v", err)
+		}
 		if ps, _ := m.cfg.Store.List(t.Context()); len(ps) != 0 {
 			t.Fatalf("SQLite still holds %+v", ps)
+		}
+	})
+}
+
+// An answer is not lost by a restart: before, only pending approvals were
+// persisted, so an approval answered just before a restart read back as
+// "unknown confirmId" (and the LLM could redo the action).
+func TestAnswerSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "lapd.db")
+	synctest.Test(t, func(t *testing.T) {
+		open := func() *Manager {
+			st, err := OpenSQLite(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := New(t.Context(), Config{Store: st})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}
+		m := open()
+		m.Propose(t.Context(), prop("t", "yes"))
+		m.Propose(t.Context(), prop("t", "no"))
+		m.Resolve(t.Context(), "t", "yes", confirmed)
+		m.Resolve(t.Context(), "t", "no", Resolution{Status: StatusRejected, Reason: ReasonUserCancelled})
+		m.Close()
+		time.Sleep(time.Minute)
+		m = open()
+		defer m.Close()
+		if r, err := m.Wait(t.Context(), "t", "yes"); err != nil || r.Status != StatusConfirmed || string(r.StateAfter) != `{"todos":[]}` || r.Variant != "clearAll" {
+			t.Fatalf("after restart: %+v, %v", r, err)
+		}
+		if r, err := m.Wait(t.Context(), "t", "no"); err != nil || r.Reason != ReasonUserCancelled {
+			t.Fatalf("after restart: %+v, %v", r, err)
+		}
+		if ps := m.PendingFor("t"); len(ps) != 0 {
+			t.Fatalf("answered approvals pending again: %+v", ps)
+		}
+		// what is left of the keep window, not a new one
+		time.Sleep(DefaultKeep - time.Minute + time.Second)
+		synctest.Wait()
+		if _, err := m.Wait(t.Context(), "t", "yes"); !errors.Is(err, ErrUnknown) {
+			t.Fatalf("kept past its window: %v", err)
 		}
 	})
 }
@@ -543,4 +680,21 @@ func TestReproposeAfterKeepWindow(t *testing.T) {
 			t.Fatal("an id re-proposed after its keep window is not pending")
 		}
 	})
+}
+
+// An answer already there is returned even when ctx is already done: a
+// /confirm-result with timeoutMs 0 used to race the two and answer 200 null
+// (the soak read back hundreds of answered approvals that way).
+func TestWaitAnsweredWithDoneContext(t *testing.T) {
+	t.Parallel()
+	m := newManager(t, Config{})
+	m.Propose(t.Context(), prop("t", "c"))
+	m.Resolve(t.Context(), "t", "c", confirmed)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for range 200 {
+		if r, err := m.Wait(ctx, "t", "c"); err != nil || r.Status != StatusConfirmed {
+			t.Fatalf("Wait = %+v, %v", r, err)
+		}
+	}
 }

@@ -6,8 +6,8 @@ import (
 	"sync"
 )
 
-// MemoryStore is a Store that keeps pending approvals in memory: they are
-// lost when the process exits. Safe for concurrent use.
+// MemoryStore is a Store that keeps approvals (pending and answered) in
+// memory: they are lost when the process exits. Safe for concurrent use.
 type MemoryStore struct {
 	mu     sync.Mutex
 	seq    uint64
@@ -41,8 +41,7 @@ func (s *MemoryStore) Put(ctx context.Context, p Pending) error {
 		s.seq++
 		seq = s.seq
 	}
-	p.Payload = slices.Clone(p.Payload)
-	s.rows[k] = memRow{p: p, seq: seq}
+	s.rows[k] = memRow{p: clonePending(p), seq: seq}
 	return nil
 }
 
@@ -82,10 +81,19 @@ func (s *MemoryStore) List(ctx context.Context) ([]Pending, error) {
 	})
 	out := make([]Pending, len(rows))
 	for i, r := range rows {
-		out[i] = r.p
-		out[i].Payload = slices.Clone(r.p.Payload)
+		out[i] = clonePending(r.p)
 	}
 	return out, nil
+}
+
+func clonePending(p Pending) Pending {
+	p.Payload = slices.Clone(p.Payload)
+	if p.Outcome != nil {
+		r := *p.Outcome
+		r.StateAfter = slices.Clone(r.StateAfter)
+		p.Outcome = &r
+	}
+	return p
 }
 
 // Close makes later calls fail with ErrClosed.

@@ -26,6 +26,7 @@ const (
 	CodeNotFound         = "not-found"
 	CodeShuttingDown     = "shutting-down"
 	CodeForbiddenOrigin  = "forbidden-origin"
+	CodeConflict         = "conflict"
 )
 
 // apiError is an error response: status plus the envelope fields and headers.
@@ -39,6 +40,7 @@ type apiError struct {
 	// invalidToken marks a 401 for a bearer that was presented but is not
 	// valid (RFC 6750 error="invalid_token").
 	invalidToken bool
+	inDoubt      bool // the tab may have acted on the call (an rpc frame was sent): not on the wire
 }
 
 func errf(status int, code, detail string) *apiError {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/pairing"
@@ -141,6 +142,12 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		}
 		if int64(len(b)) > s.cfg.MaxBody {
 			return nil, errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+		}
+		// Parts of the body are forwarded to the tab byte for byte in a
+		// WebSocket text frame, which must be UTF-8 (a browser fails the
+		// socket otherwise, and the tab reconnect-loops).
+		if !utf8.Valid(b) {
+			return nil, errf(http.StatusBadRequest, CodeInvalid, "the body is not valid UTF-8; send JSON encoded as UTF-8")
 		}
 		if e := checkJSON(b); e != nil {
 			return nil, e
@@ -287,8 +294,19 @@ func (c *call) rpc(tool string, args any, timeout time.Duration) (json.RawMessag
 	return res, nil
 }
 
-// rpcErr maps a Registry error to the wire.
+// rpcErr maps a Registry error to the wire; an error after the frame was
+// sent is marked in doubt (for idempotency).
 func (c *call) rpcErr(err error) *apiError {
+	ae := c.mapRPCErr(err)
+	if errors.Is(err, pairing.ErrOutcomeUnknown) {
+		cp := *ae
+		cp.inDoubt = true
+		ae = &cp
+	}
+	return ae
+}
+
+func (c *call) mapRPCErr(err error) *apiError {
 	var re *pairing.RPCError
 	switch {
 	case errors.Is(err, pairing.ErrPaused):
@@ -301,6 +319,9 @@ func (c *call) rpcErr(err error) *apiError {
 		code := re.Code
 		if code == "" {
 			code = CodeInternal
+		}
+		if code == CodeOutcomeUnknown { // the tab de-duplicated an idempotencyKey it has no result for
+			return errf(http.StatusConflict, code, re.Detail)
 		}
 		return errf(http.StatusInternalServerError, code, re.Detail)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):

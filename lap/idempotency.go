@@ -1,7 +1,9 @@
 package lap
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"sync"
 	"time"
@@ -10,37 +12,92 @@ import (
 // MaxIdempotencyKeyLen caps a /message idempotencyKey.
 const MaxIdempotencyKeyLen = 200
 
-// idempotency remembers /message outcomes by (tid, key) for ttl. A repeat
-// while the first is running waits for it. At most maxKeys keys per tid; at
-// most maxTIDs tids.
-type idempotency struct {
-	ttl       time.Duration
-	maxKeys   int // per tid
-	maxTotal  int // over all tids
-	clock     func() time.Time
-	mu        sync.Mutex
-	m         map[string]map[string]*idemEntry
-	total     int
-	lastSweep time.Time
-}
-
 // MaxIdempotencyEntries caps remembered /message outcomes over all sessions.
 const MaxIdempotencyEntries = 50_000
 
+// Byte budgets of the remembered /message bodies (defaults of
+// Config.IdemBytesPerTID and Config.IdemBytes).
+const (
+	DefaultIdemBytesPerTID = 16 << 20
+	DefaultIdemBytes       = 128 << 20
+)
+
+// CodeOutcomeUnknown answers a /message retry whose first call reached the
+// tab without a known outcome (409).
+const CodeOutcomeUnknown = "outcome-unknown"
+
+// idempotency remembers /message outcomes by (tid, key) for ttl. A repeat
+// while the first is running waits for it, then:
+//
+//   - the first answered 200: the repeat gets the same body;
+//   - the first failed after its rpc frame was queued for the tab, without
+//     the tab's answer (paused, timeout, shutting down): the tab may have
+//     dispatched, so the repeat gets 409 outcome-unknown, never a second
+//     dispatch;
+//   - the first failed before the tab could act, or the tab answered with an
+//     error: the key is forgotten and the repeat runs again.
+//
+// Bodies are counted in bytes: at most bytesPerTID per tid (its oldest body
+// goes first) and maxBytes in all (the oldest body of the tid holding the
+// most goes first, so one session cannot push out another's). A body shed
+// for the budget leaves its key behind, answered 409 outcome-unknown. Keys
+// are capped at maxKeys per tid and maxTotal in all.
+type idempotency struct {
+	ttl         time.Duration
+	maxKeys     int // per tid
+	maxTotal    int // over all tids
+	bytesPerTID int
+	maxBytes    int
+	clock       func() time.Time
+	onShed      func(tid string, n int) // a body was dropped for the budget; nil = nothing
+
+	mu        sync.Mutex
+	m         map[string]*idemTID
+	total     int
+	bytes     int
+	lastSweep time.Time
+	shed      int64
+}
+
+type idemTID struct {
+	keys  map[string]*idemEntry
+	bytes int
+}
+
+type idemState uint8
+
+const (
+	idemRunning idemState = iota
+	idemDone              // body is the 200 response
+	idemUnknown           // the tab may have acted; no outcome
+	idemShed              // done, but the body was dropped for the byte budget
+)
+
 type idemEntry struct {
-	done    chan struct{}
-	body    any // the 200 response; nil if the first call failed (then the key is forgotten)
+	done    chan struct{} // closed when the first call ends
+	state   idemState
+	body    json.RawMessage
 	expires time.Time
 }
 
-func newIdempotency(ttl time.Duration, maxKeys int, clock func() time.Time) *idempotency {
-	return &idempotency{ttl: ttl, maxKeys: maxKeys, maxTotal: MaxIdempotencyEntries, clock: clock, m: map[string]map[string]*idemEntry{}}
+func (e *idemEntry) size(key string) int { return len(key) + len(e.body) + 64 }
+
+func newIdempotency(ttl time.Duration, maxKeys, bytesPerTID, maxBytes int, clock func() time.Time) *idempotency {
+	return &idempotency{ttl: ttl, maxKeys: maxKeys, maxTotal: MaxIdempotencyEntries,
+		bytesPerTID: bytesPerTID, maxBytes: maxBytes, clock: clock, m: map[string]*idemTID{}}
 }
 
 var errIdemFull = errf(http.StatusTooManyRequests, CodeRateLimited, "too many idempotency keys in flight for this session")
 
-// do runs fn once per (tid, key) within ttl; repeats get the first 200 body.
-// An error outcome is not remembered: the next repeat runs fn again.
+func outcomeUnknown(shed bool) *apiError {
+	d := "a call with this idempotencyKey reached the app, but its outcome is unknown (the tab went away or did not answer in time); observe before retrying: call observe to see whether it took effect, and if it did not, send it again with a new idempotencyKey"
+	if shed {
+		d = "a call with this idempotencyKey was dispatched, but its result is no longer kept (memory limit); observe before retrying: call observe to see its effect"
+	}
+	return errf(http.StatusConflict, CodeOutcomeUnknown, d)
+}
+
+// do runs fn once per (tid, key) within ttl (see the type's doc).
 func (im *idempotency) do(ctx context.Context, tid, key string, fn func() (any, *apiError)) (any, *apiError) {
 	for {
 		now := im.clock()
@@ -49,24 +106,25 @@ func (im *idempotency) do(ctx context.Context, tid, key string, fn func() (any, 
 			im.lastSweep = now
 			im.sweepLocked(now)
 		}
-		keys := im.m[tid]
-		if keys == nil {
-			keys = map[string]*idemEntry{}
-			im.m[tid] = keys
+		t := im.m[tid]
+		if t == nil {
+			t = &idemTID{keys: map[string]*idemEntry{}}
+			im.m[tid] = t
 		}
-		e := keys[key]
-		if e != nil && e.body != nil && now.After(e.expires) {
-			delete(keys, key)
-			im.total--
+		e := t.keys[key]
+		if e != nil && e.state != idemRunning && now.After(e.expires) {
+			im.removeLocked(t, key, e)
 			e = nil
 		}
 		if e == nil {
-			if (len(keys) >= im.maxKeys || im.total >= im.maxTotal) && !im.evictLocked(keys, now) {
+			if (len(t.keys) >= im.maxKeys || im.total >= im.maxTotal) && !im.evictKeyLocked(t, now) {
 				im.mu.Unlock()
 				return nil, errIdemFull
 			}
 			e = &idemEntry{done: make(chan struct{})}
-			keys[key] = e
+			t.keys[key] = e
+			t.bytes += e.size(key)
+			im.bytes += e.size(key)
 			im.total++
 			im.mu.Unlock()
 			return im.run(tid, key, e, fn)
@@ -74,10 +132,18 @@ func (im *idempotency) do(ctx context.Context, tid, key string, fn func() (any, 
 		im.mu.Unlock()
 		select {
 		case <-e.done:
-			if e.body != nil {
-				return e.body, nil
+			im.mu.Lock()
+			state, body := e.state, e.body
+			im.mu.Unlock()
+			switch state {
+			case idemDone:
+				return body, nil
+			case idemUnknown:
+				return nil, outcomeUnknown(false)
+			case idemShed:
+				return nil, outcomeUnknown(true)
 			}
-			// the first failed and forgot the key: try again
+			// the first was refused before the tab could act: run again
 		case <-ctx.Done():
 			return nil, errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled while an identical request was running")
 		}
@@ -85,57 +151,141 @@ func (im *idempotency) do(ctx context.Context, tid, key string, fn func() (any, 
 }
 
 func (im *idempotency) run(tid, key string, e *idemEntry, fn func() (any, *apiError)) (body any, ae *apiError) {
+	var enc json.RawMessage
 	defer func() {
 		im.mu.Lock()
-		if ae == nil {
-			e.body = body
+		t := im.m[tid]
+		mine := t != nil && t.keys[key] == e
+		switch {
+		case ae == nil:
+			e.state, e.body = idemDone, enc
 			e.expires = im.clock().Add(im.ttl)
-		} else if keys := im.m[tid]; keys != nil && keys[key] == e {
-			delete(keys, key)
-			im.total--
+			if mine {
+				t.bytes += len(enc)
+				im.bytes += len(enc)
+				im.enforceLocked(tid, t)
+			}
+		case ae.inDoubt:
+			e.state = idemUnknown
+			e.expires = im.clock().Add(im.ttl)
+		default:
+			if mine {
+				im.removeLocked(t, key, e)
+			}
 		}
 		close(e.done)
 		im.mu.Unlock()
 	}()
-	return fn()
+	body, ae = fn()
+	if ae == nil {
+		var err error
+		if enc, err = encodeBody(body); err != nil {
+			ae = errf(http.StatusInternalServerError, CodeInternal, "encode response: "+err.Error())
+			return nil, ae
+		}
+		return enc, nil
+	}
+	return nil, ae
 }
 
-// evictLocked drops expired entries of keys, else the oldest finished one.
-func (im *idempotency) evictLocked(keys map[string]*idemEntry, now time.Time) bool {
-	var oldest string
-	var oldestAt time.Time
+// encodeBody is the response body writeJSON would write for v.
+func encodeBody(v any) (json.RawMessage, error) {
+	switch x := v.(type) {
+	case json.RawMessage:
+		return x, nil
+	case []byte:
+		return x, nil
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(buf.Bytes(), "\n"), nil
+}
+
+// enforceLocked sheds bodies until tid t and the total are within budget.
+func (im *idempotency) enforceLocked(tid string, t *idemTID) {
+	for t.bytes > im.bytesPerTID && im.shedOldestLocked(tid, t) {
+	}
+	for im.bytes > im.maxBytes {
+		var heavy *idemTID
+		var heavyTID string
+		for id, x := range im.m {
+			if heavy == nil || x.bytes > heavy.bytes {
+				heavy, heavyTID = x, id
+			}
+		}
+		if heavy == nil || !im.shedOldestLocked(heavyTID, heavy) {
+			return
+		}
+	}
+}
+
+// shedOldestLocked drops the body of t's oldest finished entry, keeping its
+// key (a repeat is then told outcome-unknown). False if none has a body.
+func (im *idempotency) shedOldestLocked(tid string, t *idemTID) bool {
+	var oldest *idemEntry
+	for _, e := range t.keys {
+		if e.state == idemDone && len(e.body) > 0 && (oldest == nil || e.expires.Before(oldest.expires)) {
+			oldest = e
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	n := len(oldest.body)
+	t.bytes -= n
+	im.bytes -= n
+	oldest.body, oldest.state = nil, idemShed
+	im.shed++
+	if im.onShed != nil {
+		im.onShed(tid, n)
+	}
+	return true
+}
+
+func (im *idempotency) removeLocked(t *idemTID, key string, e *idemEntry) {
+	delete(t.keys, key)
+	t.bytes -= e.size(key)
+	im.bytes -= e.size(key)
+	im.total--
+}
+
+// evictKeyLocked drops expired entries of t, else its oldest finished one.
+func (im *idempotency) evictKeyLocked(t *idemTID, now time.Time) bool {
+	var oldestKey string
+	var oldest *idemEntry
 	freed := false
-	for k, e := range keys {
-		if e.body == nil {
-			continue // in flight
+	for k, e := range t.keys {
+		if e.state == idemRunning {
+			continue
 		}
 		if now.After(e.expires) {
-			delete(keys, k)
-			im.total--
+			im.removeLocked(t, k, e)
 			freed = true
 			continue
 		}
-		if oldest == "" || e.expires.Before(oldestAt) {
-			oldest, oldestAt = k, e.expires
+		if oldest == nil || e.expires.Before(oldest.expires) {
+			oldestKey, oldest = k, e
 		}
 	}
-	if !freed && oldest != "" {
-		delete(keys, oldest)
-		im.total--
+	if !freed && oldest != nil {
+		im.removeLocked(t, oldestKey, oldest)
 		freed = true
 	}
 	return freed
 }
 
 func (im *idempotency) sweepLocked(now time.Time) {
-	for tid, keys := range im.m {
-		for k, e := range keys {
-			if e.body != nil && now.After(e.expires) {
-				delete(keys, k)
-				im.total--
+	for tid, t := range im.m {
+		for k, e := range t.keys {
+			if e.state != idemRunning && now.After(e.expires) {
+				im.removeLocked(t, k, e)
 			}
 		}
-		if len(keys) == 0 {
+		if len(t.keys) == 0 {
 			delete(im.m, tid)
 		}
 	}
@@ -144,7 +294,17 @@ func (im *idempotency) sweepLocked(now time.Time) {
 // drop forgets tid (revoke).
 func (im *idempotency) drop(tid string) {
 	im.mu.Lock()
-	im.total -= len(im.m[tid])
-	delete(im.m, tid)
+	if t := im.m[tid]; t != nil {
+		im.total -= len(t.keys)
+		im.bytes -= t.bytes
+		delete(im.m, tid)
+	}
 	im.mu.Unlock()
+}
+
+// stats: remembered keys, the bytes they hold, and bodies shed for the budget.
+func (im *idempotency) stats() (keys, bytes int, shed int64) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	return im.total, im.bytes, im.shed
 }

@@ -347,3 +347,143 @@ func TestDrain(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// The review's double dispatches: the tab drops right after dispatching
+// (503 paused), or answers after the call's deadline (504). The MCP executor
+// retries with the same idempotencyKey; the retry must not dispatch again:
+// it is answered 409 outcome-unknown ("observe before retrying").
+func TestIdempotencyKeyNeverDispatchesTwice(t *testing.T) {
+	t.Parallel()
+	t.Run("drop after dispatch", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		var mu sync.Mutex
+		dispatched := map[string]int{}
+		var tab *lapdtest.Tab
+		got := make(chan struct{}, 1)
+		stop := make(chan struct{})
+		handler := lapdtest.WithHandler("send_message", func(args json.RawMessage) (any, *lapdtest.RPCError) {
+			var a struct {
+				IdempotencyKey   string `json:"idempotencyKey"`
+				IdempotencyTTLMs int64  `json:"idempotencyTtlMs"`
+			}
+			_ = json.Unmarshal(args, &a)
+			if a.IdempotencyKey == "" || a.IdempotencyTTLMs <= 0 {
+				t.Errorf("rpc args without the key: %s", args)
+			}
+			mu.Lock()
+			dispatched[a.IdempotencyKey]++
+			mu.Unlock()
+			got <- struct{}{}
+			<-stop // never answers: the socket drops first
+			return nil, &lapdtest.RPCError{Code: "internal"}
+		})
+		token, _ := e.mint()
+		tab = e.dial(token, handler)
+		body := `{"msg":{"type":"inc"},"idempotencyKey":"k1"}`
+		done := make(chan resp, 1)
+		go func() { done <- e.lapCall(token, "/message", body) }()
+		<-got
+		tab.Kill() // the socket drops; the handler is still "running"
+		close(stop)
+		if r := <-done; r.status != 503 || r.code() != "paused" {
+			t.Fatalf("first call: %d %s", r.status, r.body)
+		}
+		tab2 := e.dial(token)
+		r := e.lapCall(token, "/message", body)
+		if r.status != 409 || r.code() != "outcome-unknown" || !strings.Contains(string(r.body), "observe before retrying") {
+			t.Errorf("retry: %d %s, want 409 outcome-unknown", r.status, r.body)
+		}
+		if n := tab2.RPCCount("send_message"); n != 0 {
+			t.Errorf("the retry dispatched again (%d rpc frames)", n)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if dispatched["k1"] != 1 {
+			t.Errorf("dispatched %d times", dispatched["k1"])
+		}
+	})
+	t.Run("slow tab", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		release := make(chan struct{})
+		finished := make(chan struct{}, 8)
+		n := 0
+		var mu sync.Mutex
+		token, _, _ := e.paired(lapdtest.WithHandler("send_message", func(json.RawMessage) (any, *lapdtest.RPCError) {
+			mu.Lock()
+			n++
+			mu.Unlock()
+			defer func() { finished <- struct{}{} }()
+			<-release
+			return map[string]any{"status": "dispatched", "stateDiff": []any{}}, nil
+		}))
+		body := `{"msg":{"type":"inc"},"idempotencyKey":"k2","timeoutMs":0}`
+		if r := e.lapCall(token, "/message", body); r.status != 504 {
+			t.Fatalf("first call: %d %s, want 504", r.status, r.body)
+		}
+		r := e.lapCall(token, "/message", body)
+		close(release)
+		<-finished
+		if r.status != 409 || r.code() != "outcome-unknown" {
+			t.Errorf("retry: %d %s, want 409 outcome-unknown", r.status, r.body)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if n != 1 {
+			t.Errorf("dispatched %d times", n)
+		}
+	})
+}
+
+// A tab that answers with a confirmId already pending used to get the LLM a
+// 500. The same approval again (a retry whose tab de-duplicated by key) is
+// the same pending approval; a reused id for another action is 409 conflict.
+func TestReusedConfirmID(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, tid, _ := e.paired(lapdtest.WithHandler("send_message", func(json.RawMessage) (any, *lapdtest.RPCError) {
+		return map[string]any{"status": "pending-confirmation", "confirmId": "c-fixed"}, nil
+	}))
+	for range 2 {
+		r := e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":0}`)
+		if r.status != 200 || r.json(t)["confirmId"] != "c-fixed" {
+			t.Fatalf("same approval: %d %s", r.status, r.body)
+		}
+	}
+	r := e.lapCall(token, "/message", `{"msg":{"type":"clearAll","all":true},"timeoutMs":0}`)
+	if r.status != 409 || r.code() != "conflict" {
+		t.Errorf("reused id, other payload: %d %s, want 409 conflict", r.status, r.body)
+	}
+	if p := e.cm.PendingFor(tid); len(p) != 1 || string(p[0].Payload) != `{}` {
+		t.Errorf("pending = %+v, want the first approval only", p)
+	}
+}
+
+// /confirm-result with timeoutMs 0 on an answered approval answers it, never
+// 200 null (the two waits inside raced an expired context).
+func TestConfirmResultTimeoutZero(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, tid, tab := e.paired(lapdtest.WithPolicy(lapdtest.DemoPolicy()))
+	r := e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":0}`)
+	id, _ := r.json(t)["confirmId"].(string)
+	if id == "" {
+		t.Fatalf("/message: %d %s", r.status, r.body)
+	}
+	if err := tab.Approve(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if p := e.cm.PendingFor(tid); len(p) == 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for range 20 { // within the per-session rate (30)
+		r := e.lapCall(token, "/confirm-result", `{"confirmId":"`+id+`","timeoutMs":0}`)
+		if r.status != 200 || !strings.Contains(string(r.body), `"status":"confirmed"`) {
+			t.Fatalf("/confirm-result: %d %s", r.status, r.body)
+		}
+	}
+}

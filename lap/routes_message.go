@@ -1,12 +1,12 @@
 package lap
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
-	"sync"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
@@ -27,80 +27,29 @@ type messageBody struct {
 	ApprovalTimeoutMs json.RawMessage `json:"approvalTimeoutMs"`
 }
 
-// msgType returns msg.type when msg is an object with a string type.
-func msgType(raw json.RawMessage) (string, bool) {
-	b := trimSpace(raw)
-	if len(b) == 0 || b[0] != '{' {
-		return "", false
+// splitMsg reads msg's variant and payload by exact key (schema.SplitMsg),
+// with the tab's policy discriminant: the one decode audit, policy and
+// stored approvals all use.
+func (c *call) splitMsg(msg json.RawMessage) (variant string, payload json.RawMessage, ae *apiError) {
+	pol, _ := c.s.policy(c.ctx, c.tid) // a policy error is reported by checkPolicy
+	variant, payload, err := schema.SplitMsg(msg, pol.Discriminant())
+	if err != nil {
+		return "", nil, errf(http.StatusBadRequest, CodeInvalid, strings.TrimPrefix(err.Error(), schema.ErrBadMsg.Error()+": "))
 	}
-	var m struct {
-		Type json.RawMessage `json:"type"`
-	}
-	if json.Unmarshal(b, &m) != nil || len(m.Type) == 0 {
-		return "", false
-	}
-	var t string
-	if json.Unmarshal(m.Type, &t) != nil {
-		return "", false
-	}
-	return t, true
-}
-
-// payloadOf is msg without its type field.
-func payloadOf(msg json.RawMessage) json.RawMessage {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(msg, &m) != nil {
-		return nil
-	}
-	delete(m, "type")
-	b, _ := json.Marshal(m)
-	return b
-}
-
-// policyCache keeps each tid's compiled hello.policy, keyed by its bytes.
-type policyCache struct {
-	mu sync.Mutex
-	m  map[string]policyEntry
-}
-
-type policyEntry struct {
-	raw []byte
-	pol *schema.Policy
-	err error
-}
-
-// policy returns tid's compiled policy: nil when the tab sent none.
-func (s *Server) policy(tid string) (*schema.Policy, error) {
-	h, ok := s.cfg.Registry.Hello(tid)
-	if !ok || len(trimSpace(h.Policy)) == 0 || string(trimSpace(h.Policy)) == "null" {
-		return nil, nil
-	}
-	pc := &s.policies
-	pc.mu.Lock()
-	e, ok := pc.m[tid]
-	pc.mu.Unlock()
-	if ok && bytes.Equal(e.raw, h.Policy) {
-		return e.pol, e.err
-	}
-	pol, err := schema.Parse(h.Policy)
-	pc.mu.Lock()
-	if pc.m == nil {
-		pc.m = map[string]policyEntry{}
-	}
-	pc.m[tid] = policyEntry{raw: append([]byte(nil), h.Policy...), pol: pol, err: err}
-	pc.mu.Unlock()
-	return pol, err
-}
-
-func (pc *policyCache) drop(tid string) {
-	pc.mu.Lock()
-	delete(pc.m, tid)
-	pc.mu.Unlock()
+	return variant, payload, nil
 }
 
 // checkPolicy enforces the tab's policy; a non-nil result is the 200 rejection body.
 func (c *call) checkPolicy(msg json.RawMessage, variant string) (*schema.Rejection, *schema.Policy, *apiError) {
-	pol, err := c.s.policy(c.tid)
+	pol, err := c.s.policy(c.ctx, c.tid)
+	switch {
+	case errors.Is(err, errCompileBusy):
+		return nil, nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: 2000,
+			detail: "lapd is busy compiling app policies; retry in a few seconds"}
+	case errors.Is(err, errCompileQuota):
+		return nil, nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: compileEvery.Milliseconds(),
+			detail: "the app changed its action policy too often; retry in a few seconds"}
+	}
 	if err != nil {
 		return nil, nil, errf(http.StatusInternalServerError, CodeSchemaError, "the app sent an invalid hello.policy: "+err.Error())
 	}
@@ -117,9 +66,9 @@ func (c *call) checkPolicy(msg json.RawMessage, variant string) (*schema.Rejecti
 func routeMessage(c *call) (any, *apiError) {
 	var b messageBody
 	c.decode(&b)
-	variant, ok := msgType(b.Msg)
-	if !ok {
-		return nil, errf(http.StatusBadRequest, CodeInvalid, "msg.type must be a string")
+	variant, payload, ae := c.splitMsg(b.Msg)
+	if ae != nil {
+		return nil, ae
 	}
 	key, ok := optString(b.IdempotencyKey)
 	if !ok || len(key) > MaxIdempotencyKeyLen {
@@ -127,14 +76,14 @@ func routeMessage(c *call) (any, *apiError) {
 	}
 	reason, _ := optString(b.Reason)
 	c.audit = map[string]any{"tool": "send_message", "variant": variant}
-	run := func() (any, *apiError) { return c.message(b, variant, reason) }
+	run := func() (any, *apiError) { return c.message(b, variant, payload, reason, key) }
 	if key == "" {
 		return run()
 	}
 	return c.s.idem.do(c.ctx, c.tid, key, run)
 }
 
-func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
+func (c *call) message(b messageBody, variant string, payload json.RawMessage, reason, key string) (any, *apiError) {
 	rej, pol, ae := c.checkPolicy(b.Msg, variant)
 	if ae != nil {
 		return nil, ae
@@ -150,10 +99,20 @@ func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
 			args[k] = v
 		}
 	}
+	if key != "" {
+		// The tab de-duplicates by key too (client/lapd.js keeps it for ttl,
+		// across a reload): the end-to-end guarantee of docs/PROTOCOL.md.
+		args["idempotencyKey"], _ = json.Marshal(key)
+		args["idempotencyTtlMs"] = json.RawMessage(strconv.FormatInt(c.s.cfg.IdempotencyTTL.Milliseconds(), 10))
+	}
 	rawArgs, err := json.Marshal(args)
 	if err != nil {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, err.Error())
 	}
+	// The tab may answer with a proposal, and the human approve it before
+	// Propose below runs: an early answer is parked until then.
+	release := c.s.cfg.Confirm.Expect(c.tid)
+	defer release()
 	res, ae := c.rpc("send_message", json.RawMessage(rawArgs), wait+time.Second)
 	if ae != nil {
 		return nil, ae
@@ -175,15 +134,26 @@ func (c *call) message(b messageBody, variant, reason string) (any, *apiError) {
 	if out.ConfirmID == "" {
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "the tab proposed a confirmation without a confirmId")
 	}
-	p := confirm.Pending{TID: c.tid, ConfirmID: out.ConfirmID, Variant: variant, Payload: payloadOf(b.Msg), Reason: reason}
+	p := confirm.Pending{TID: c.tid, ConfirmID: out.ConfirmID, Variant: variant, Payload: payload, Reason: reason}
 	if pol != nil {
 		if a, ok := pol.Variant(variant); ok {
 			p.Intent = a.Intent
 		}
 	}
 	if err := c.s.cfg.Confirm.Propose(context.WithoutCancel(c.ctx), p); err != nil {
+		switch {
+		case errors.Is(err, confirm.ErrDuplicate):
+			// The tab reused an id still pending for another action: the
+			// pending one stands; this one is not recorded.
+			return nil, errf(http.StatusConflict, CodeConflict, "the app answered with approval id "+out.ConfirmID+", already waiting for another action; ask the user to answer it in the app (or reload the app), then try again")
+		case errors.Is(err, confirm.ErrTooManyPending):
+			// The tab shows an approval lapd cannot record: take it back.
+			_ = c.s.cfg.Registry.Push(c.tid, map[string]any{"t": "confirm-expire", "confirmId": out.ConfirmID, "reason": "too-many-pending"})
+			return nil, errf(http.StatusTooManyRequests, CodeRateLimited, "too many approvals are waiting in this session; ask the user to answer them in the app first")
+		}
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "recording the approval: "+err.Error())
 	}
+	release()
 	c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventConfirmProposed, map[string]any{"variant": variant, "confirmId": out.ConfirmID})
 	body, done := c.awaitConfirm(out.ConfirmID, variant, timeoutMs(b.ApprovalTimeoutMs, wait))
 	if !done {
@@ -246,7 +216,10 @@ func routeConfirmResult(c *call) (any, *apiError) {
 		}
 		return json.RawMessage(`{"status":"still-pending"}`), nil
 	}
-	body, _ := c.awaitConfirm(id, "", wait)
+	body, done := c.awaitConfirm(id, "", wait)
+	if !done {
+		return json.RawMessage(`{"status":"still-pending"}`), nil
+	}
 	return body, nil
 }
 
@@ -255,9 +228,9 @@ func routeWouldDispatch(c *call) (any, *apiError) {
 		Msg json.RawMessage `json:"msg"`
 	}
 	c.decode(&b)
-	variant, ok := msgType(b.Msg)
-	if !ok {
-		return nil, errf(http.StatusBadRequest, CodeInvalid, "msg with a string type required")
+	variant, _, ae := c.splitMsg(b.Msg)
+	if ae != nil {
+		return nil, ae
 	}
 	c.audit = map[string]any{"tool": "would_dispatch", "variant": variant}
 	rej, _, ae := c.checkPolicy(b.Msg, variant)

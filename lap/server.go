@@ -85,9 +85,13 @@ type Config struct {
 	TrustProxy     int              // number of trusted proxies: X-Forwarded-For/-Proto/-Host are read only when > 0
 	PublicURL      string           // public origin (https://app.example.com) for mint/claim URLs and origins; "" = from each request
 
-	IdempotencyTTL time.Duration    // how long a /message idempotencyKey is remembered; default 10m
-	MaxIdemKeys    int              // keys remembered per tid; default 1,000
-	Clock          func() time.Time // default time.Now
+	PolicyCacheBytes int // compiled hello.policy kept (shared by tabs sending the same one); default 64 MiB
+
+	IdempotencyTTL  time.Duration    // how long a /message idempotencyKey is remembered; default 10m
+	MaxIdemKeys     int              // keys remembered per tid; default 1,000
+	IdemBytesPerTID int              // bytes of remembered /message bodies per tid; default 16 MiB
+	IdemBytes       int              // bytes of remembered /message bodies in all; default 128 MiB
+	Clock           func() time.Time // default time.Now
 
 	Observer Observer // told about every call and RPC (metrics); nil = none
 }
@@ -99,13 +103,16 @@ type Server struct {
 	lapRate  *limiter
 	mintRate *limiter
 	idem     *idempotency
-	policies policyCache
+	policies *policyCache
 	descs    descCache
 	cors     map[string]bool
 	handler  http.Handler
 
 	tabsMu sync.Mutex
 	tabs   map[string]struct{}
+
+	shedLogMu sync.Mutex
+	shedLogAt time.Time
 
 	mu       sync.Mutex
 	inflight int
@@ -155,6 +162,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxIdemKeys <= 0 {
 		cfg.MaxIdemKeys = 1000
 	}
+	if cfg.IdemBytesPerTID <= 0 {
+		cfg.IdemBytesPerTID = DefaultIdemBytesPerTID
+	}
+	if cfg.IdemBytes <= 0 {
+		cfg.IdemBytes = DefaultIdemBytes
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
@@ -166,7 +179,8 @@ func New(cfg Config) (*Server, error) {
 		log:      cfg.Logger,
 		lapRate:  newLimiter(cfg.LAPRate, cfg.LAPBurst, cfg.MaxRateKeys, cfg.Clock),
 		mintRate: newLimiter(cfg.MintRate, cfg.MintBurst, cfg.MaxRateKeys, cfg.Clock),
-		idem:     newIdempotency(cfg.IdempotencyTTL, cfg.MaxIdemKeys, cfg.Clock),
+		idem:     newIdempotency(cfg.IdempotencyTTL, cfg.MaxIdemKeys, cfg.IdemBytesPerTID, cfg.IdemBytes, cfg.Clock),
+		policies: newPolicyCache(cfg.PolicyCacheBytes),
 		cors:     map[string]bool{},
 		idle:     make(chan struct{}),
 		tabs:     map[string]struct{}{},
@@ -178,6 +192,8 @@ func New(cfg Config) (*Server, error) {
 		s.cors[strings.TrimRight(o, "/")] = true
 	}
 	s.handler = http.HandlerFunc(s.serveHTTP)
+	s.idem.onShed = func(tid string, n int) { s.logShed("idempotency", tid, n) }
+	s.policies.onEvict = func(n int) { s.logShed("compiled policy", "", n) }
 	cfg.Registry.SetHooks(pairing.Hooks{
 		OnPaired:          s.onPaired,
 		OnClosed:          s.onClosed,
@@ -312,4 +328,37 @@ func (s *Server) auditRefusal(ctx context.Context, tid, endpoint string, e *apiE
 		d["reconnect"] = e.reconnect
 	}
 	s.audit(ctx, tid, "", ev, d)
+}
+
+// Stats are the Server's gauges and counters of kept data (for metrics).
+type Stats struct {
+	IdemKeys        int   // idempotency keys remembered now
+	IdemBytes       int   // bytes of remembered /message bodies (and keys)
+	IdemShed        int64 // bodies dropped early for the byte budget, since New
+	Policies        int   // compiled hello.policy kept now
+	PolicyBytes     int   // their estimated bytes
+	PoliciesEvicted int64 // compiled policies evicted for the byte budget, since New
+}
+
+// Stats returns the Server's kept-data gauges and counters.
+func (s *Server) Stats() Stats {
+	var st Stats
+	st.IdemKeys, st.IdemBytes, st.IdemShed = s.idem.stats()
+	st.Policies, st.PolicyBytes, st.PoliciesEvicted = s.policies.stats()
+	return st
+}
+
+// logShed logs that kept data was dropped for a byte budget, at most once
+// every 10 s (the counters in Stats count every one). It may be called with
+// the idempotency or policy cache lock held: it takes no other lock.
+func (s *Server) logShed(what, tid string, n int) {
+	s.shedLogMu.Lock()
+	now := time.Now()
+	if now.Sub(s.shedLogAt) < 10*time.Second {
+		s.shedLogMu.Unlock()
+		return
+	}
+	s.shedLogAt = now
+	s.shedLogMu.Unlock()
+	s.log.Warn("lap: kept "+what+" data over its byte budget; dropped the oldest of the heaviest session (see Stats)", "tid", tid, "bytes", n)
 }

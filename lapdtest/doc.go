@@ -31,9 +31,11 @@
 // frame from it: get_state, query_state, list_actions, observe,
 // describe_context, query_dom, describe_visible_content, would_dispatch and
 // send_message (gated in the tab as well: unknown variant, human-only,
-// schema). Without WithApp the tab plays DemoApp's counter and todo list
-// without sending a policy. WithHandler overrides one tool (handlers may
-// block: each rpc runs on its own goroutine).
+// schema). A send_message carrying an idempotencyKey runs once per key on
+// one Tab; a repeat gets the first result, as in lapd.js. Without WithApp
+// the tab plays DemoApp's counter and todo list without sending a policy.
+// WithHandler overrides one tool (handlers may block: each rpc runs on its
+// own goroutine).
 //
 // As lapd.js does, the tab sends a log-append after every rpc reply and
 // echoes each log-push back as a log-append; WithoutLogAppend turns the

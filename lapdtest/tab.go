@@ -222,8 +222,9 @@ type Tab struct {
 	notify   chan struct{} // closed and replaced on every new frame
 	watches  map[string]string
 	pending  map[string]pendingConfirm
-	proposed []string // confirmIds in the order the tab proposed them
-	confCur  int      // WaitConfirm's cursor into proposed
+	proposed []string       // confirmIds in the order the tab proposed them
+	confCur  int            // WaitConfirm's cursor into proposed
+	idem     map[string]any // send_message results by idempotencyKey
 	rpcCount map[string]int
 	readErr  error
 
@@ -318,6 +319,7 @@ func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error
 		notify:   make(chan struct{}),
 		watches:  map[string]string{},
 		pending:  map[string]pendingConfirm{},
+		idem:     map[string]any{},
 		rpcCount: map[string]int{},
 		done:     make(chan struct{}),
 		acked:    make(chan struct{}),
@@ -912,9 +914,10 @@ func (t *Tab) defaultHandler(tool string) Handler {
 }
 
 type msgArgs struct {
-	Msg          map[string]any `json:"msg"`
-	Reason       string         `json:"reason"`
-	IncludeState bool           `json:"includeState"`
+	Msg            map[string]any `json:"msg"`
+	Reason         string         `json:"reason"`
+	IncludeState   bool           `json:"includeState"`
+	IdempotencyKey string         `json:"idempotencyKey"`
 }
 
 // gate is lapd.js's gateMessage: the tab's own check before dispatching,
@@ -952,6 +955,25 @@ func (t *Tab) sendMessage(args json.RawMessage) (any, *RPCError) {
 	if err := json.Unmarshal(args, &a); err != nil {
 		return nil, &RPCError{Code: "schema-error", Detail: err.Error()}
 	}
+	if a.IdempotencyKey != "" { // like lapd.js: one dispatch per key
+		t.mu.Lock()
+		prev, seen := t.idem[a.IdempotencyKey]
+		t.mu.Unlock()
+		if seen {
+			return prev, nil
+		}
+		res, rerr := t.sendMessageOnce(a)
+		if rerr == nil {
+			t.mu.Lock()
+			t.idem[a.IdempotencyKey] = res
+			t.mu.Unlock()
+		}
+		return res, rerr
+	}
+	return t.sendMessageOnce(a)
+}
+
+func (t *Tab) sendMessageOnce(a msgArgs) (any, *RPCError) {
 	act, rej := t.gate(a.Msg)
 	if rej != nil {
 		return rej, nil

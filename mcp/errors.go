@@ -109,6 +109,10 @@ func fromLAP(err error, base string) *toolError {
 		e.Hint = "the app did not answer in time; call observe to see the current state before trying again."
 	case "schema-error", "invalid":
 		e.Hint = "the request was rejected as invalid; fix the arguments (call observe for the valid actions and their payloads)."
+	case lap.CodeOutcomeUnknown:
+		e.Hint = "an earlier call with this idempotencyKey reached the app, but its outcome is unknown; call observe to see whether it took effect before sending it again (with a new idempotencyKey)."
+	case lap.CodeConflict:
+		e.Hint = "the app reused the id of an approval that is still waiting; ask the user to answer it in the app (or reload the app), then try again."
 	case "payload-too-large":
 		e.Hint = "the request is too large; send a smaller payload."
 	case CodeNetwork:

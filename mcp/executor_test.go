@@ -135,6 +135,8 @@ func TestErrors(t *testing.T) {
 		{"paused-too-long", &lap.Error{Status: 503, Code: "paused", Reconnect: "pending", RetryAfter: time.Minute}, "paused", "retry in 60 s"},
 		{"rate-too-long", &lap.Error{Status: 429, Code: "rate-limited", RetryAfter: time.Minute}, "rate-limited", "wait 60 s"},
 		{"timeout", &lap.Error{Status: 504, Code: "timeout"}, "timeout", "observe"},
+		{"outcome-unknown", &lap.Error{Status: 409, Code: "outcome-unknown"}, "outcome-unknown", "call observe to see whether it took effect"},
+		{"conflict", &lap.Error{Status: 409, Code: "conflict"}, "conflict", "answer it in the app"},
 		{"invalid", &lap.Error{Status: 400, Code: "invalid", Detail: "text required"}, "invalid", "text required"},
 		{"network", &lap.Error{Code: "network", Detail: "connection refused"}, "network", "lapd at " + base},
 	}

@@ -159,9 +159,14 @@ func (c *conn) handle(b []byte) {
 		if len(f.Entry) <= MaxLogEntry {
 			s.mu.Lock()
 			if !s.dropped {
-				s.appendLogLocked(f.Entry, r.cfg.LogRing)
+				delta, dropped := s.appendLogLocked(f.Entry, r.cfg.LogRing, r.cfg.LogRingBytes)
+				r.bufBytes.Add(int64(delta))
+				_ = dropped // the ring's own bound, not a shed
 			}
 			s.mu.Unlock()
+			if r.overBudget() {
+				r.shed()
+			}
 		}
 		if hooks.OnLogAppend != nil {
 			hooks.OnLogAppend(s.tid, f.Entry)
@@ -207,7 +212,9 @@ func (c *conn) hello(f inFrame) {
 		h.LapVersion = int(*f.LapVersion)
 	}
 	s.mu.Lock()
-	if s.cur == c {
+	mine := s.cur == c && !s.dropped
+	if mine {
+		r.bufBytes.Add(int64(helloSize(h) - helloSize(s.hello)))
 		s.hello = h
 		if f.Visible != nil {
 			v := *f.Visible
@@ -215,6 +222,21 @@ func (c *conn) hello(f inFrame) {
 		}
 	}
 	s.mu.Unlock()
+	if mine && r.overBudget() && !r.shed() {
+		// Even without closed tabs' buffers and log rings, the live tabs'
+		// hellos do not fit: this one is refused, its tab retries later.
+		s.mu.Lock()
+		if s.hello == h {
+			r.bufBytes.Add(-int64(helloSize(h)))
+			s.hello = nil
+		}
+		s.mu.Unlock()
+		r.overloadCloses.Add(1)
+		r.cfg.Logger.Warn("pairing: a tab's hello does not fit the buffer budget; closing it with 1013", "tid", s.tid,
+			"hello_bytes", helloSize(h), "kept_bytes", r.bufBytes.Load(), "budget", r.cfg.BufferBytes)
+		c.close(CloseOverloaded, "lapd is over its memory budget; retry later")
+		return
+	}
 	ack := `{"t":"hello-ack","lapVersion":` + strconv.Itoa(LapVersion) + `,"minClientVersion":` + strconv.Itoa(MinClientVersion) +
 		`,"heartbeatMs":` + strconv.FormatInt(r.cfg.PingInterval.Milliseconds(), 10) + `}`
 	if c.enqueue([]byte(ack)) != nil {

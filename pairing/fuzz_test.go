@@ -44,6 +44,10 @@ func FuzzDecodeFrame(f *testing.F) {
 			if fr.Visible == nil {
 				t.Fatal("visibility without visible accepted")
 			}
+		case "confirm-resolved":
+			if fr.ConfirmID == "" || (fr.Outcome != "confirmed" && fr.Outcome != "user-cancelled") {
+				t.Fatalf("confirm-resolved %q/%q accepted", fr.ConfirmID, fr.Outcome)
+			}
 		}
 	})
 }

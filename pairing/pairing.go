@@ -36,7 +36,8 @@
 //
 // Every Call is answered exactly once: the tab's rpc-reply (result bytes are
 // passed through undecoded), its rpc-error (*RPCError), ErrTimeout, ErrPaused
-// when the tab goes away with no successor, or ctx.Err().
+// when the tab goes away with no successor, or ctx.Err(). An error after the
+// frame was queued also matches ErrOutcomeUnknown: the tab may have acted.
 //
 // # Costs and limits
 //
@@ -46,8 +47,11 @@
 // with 4408) and sweeps closed tabs' buffers (kept for Retention, at most
 // MaxClosed). Each tab's send queue is bounded (full → closed with 4008,
 // the caller never blocks); inbound frames are capped at MaxFrame (over →
-// 1009); in-flight calls and watches per tab are capped at MaxInFlight
-// (ErrBusy). Stats exposes counters for everything refused or dropped.
+// 1009) and rate-limited per socket (FrameRate, ByteRate: the reader waits);
+// in-flight calls and watches per tab are capped at MaxInFlight (ErrBusy).
+// What lapd keeps per tab (log ring, hello) is counted in bytes, per tid and
+// in all (BufferBytes, see budget.go). Stats exposes counters for everything
+// refused, delayed or dropped.
 package pairing
 
 import (
@@ -79,7 +83,19 @@ var (
 	ErrClosed  = errors.New("pairing: registry closed")   // shutting down
 	// ErrBusy: the tab already has MaxInFlight calls or watches waiting.
 	ErrBusy = errors.New("pairing: too many calls in flight for this tab")
+	// ErrOutcomeUnknown is also matched (errors.Is) by a Call error that
+	// came after the rpc frame was queued for the tab, other than the tab's
+	// own rpc-error: the tab may have acted on the call (ErrPaused when it
+	// went away, ErrTimeout, ErrClosed, ctx.Err()). Without it the frame
+	// never left lapd and the tab cannot have acted.
+	ErrOutcomeUnknown = errors.New("pairing: the tab may have acted on the call")
 )
+
+// inDoubt is a Call error after the frame was queued.
+type inDoubt struct{ err error }
+
+func (e inDoubt) Error() string   { return e.err.Error() + " (the tab may have acted on it)" }
+func (e inDoubt) Unwrap() []error { return []error{e.err, ErrOutcomeUnknown} }
 
 // Defaults for the zero values of Config, and fixed limits.
 const (
@@ -142,6 +158,13 @@ type Stats struct {
 	QueueOverflowCloses int64 // sockets closed with 4008
 	RefusedApprovals    int64 // confirm-resolved frames refused (a socket that superseded a live tab without the tab secret)
 	ActiveTabs          int   // tids with a live socket now
+	HeldTabs            int   // tids held: live, or closed and kept for Retention
+
+	BufferBytes    int64 // bytes of log rings and hellos kept now (gauge)
+	LogShed        int64 // log entries dropped early for BufferBytes
+	ClosedShed     int64 // closed tabs whose buffers were dropped early for BufferBytes
+	Throttled      int64 // inbound frames delayed by the per-socket rate
+	OverloadCloses int64 // sockets closed with 1013: their hello did not fit BufferBytes
 
 	FramesIn, FramesOut int64 // WebSocket messages read from and written to tabs
 	BytesIn, BytesOut   int64 // their payload bytes
@@ -188,6 +211,11 @@ type Config struct {
 	Retention      time.Duration   // buffers kept after close; default 60s
 	MaxClosed      int             // closed tabs whose buffers are kept; default 128
 	LogRing        int             // recent-log entries per tid; default 100
+	LogRingBytes   int             // bytes of recent-log entries per tid; default 1 MiB
+	BufferBytes    int             // rings and hellos of every tid, live or closed; default 128 MiB
+	FrameRate      float64         // inbound frames per second per socket; default 200
+	FrameBurst     int             // default 1000
+	ByteRate       float64         // inbound bytes per second per socket; default 8 MiB/s
 	Hooks          Hooks
 }
 
@@ -208,6 +236,11 @@ type Registry struct {
 	malformed, unknown, unknownReplies, refused atomic.Int64
 	superseded, hbCloses, overflowCloses        atomic.Int64
 	refusedApprovals                            atomic.Int64
+
+	bufBytes                          atomic.Int64 // rings and hellos kept
+	logDropped, closedShed, throttled atomic.Int64
+	overloadCloses                    atomic.Int64
+	lastShedLog                       time.Time // guarded by mu
 	framesIn, framesOut, bytesIn, bytesOut      atomic.Int64
 }
 
@@ -227,8 +260,8 @@ type session struct {
 	lastHB      int64
 	accepts     int
 	rpcs        atomic.Int64      // Calls made to this tid (for the admin console)
-	ring        []json.RawMessage // circular, len ≤ LogRing
-	ringNext    int               // where the next entry goes once the ring is full
+	ring        []json.RawMessage // oldest first, len ≤ LogRing
+	ringBytes   int               // bytes of ring
 	dropped     bool              // unregistered: buffers gone, nothing more is kept
 
 	closedAt   time.Time     // guarded by Registry.mu
@@ -269,6 +302,21 @@ func New(cfg Config) (*Registry, error) {
 	if cfg.LogRing <= 0 {
 		cfg.LogRing = DefaultLogRing
 	}
+	if cfg.LogRingBytes <= 0 {
+		cfg.LogRingBytes = DefaultLogRingBytes
+	}
+	if cfg.BufferBytes <= 0 {
+		cfg.BufferBytes = DefaultBufferBytes
+	}
+	if cfg.FrameRate <= 0 {
+		cfg.FrameRate = DefaultFrameRate
+	}
+	if cfg.FrameBurst <= 0 {
+		cfg.FrameBurst = DefaultFrameBurst
+	}
+	if cfg.ByteRate <= 0 {
+		cfg.ByteRate = DefaultByteRate
+	}
 	r := &Registry{cfg: cfg, sessions: map[string]*session{}, closed: list.New(), stop: make(chan struct{})}
 	h := cfg.Hooks
 	r.hooks.Store(&h)
@@ -282,7 +330,7 @@ func (r *Registry) SetHooks(h Hooks) { r.hooks.Store(&h) }
 // Stats returns the registry's counters.
 func (r *Registry) Stats() Stats {
 	r.mu.Lock()
-	active := 0
+	active, held := 0, len(r.sessions)
 	for _, s := range r.sessions {
 		if s.closedElem == nil && !s.isClosed() {
 			active++
@@ -299,6 +347,12 @@ func (r *Registry) Stats() Stats {
 		QueueOverflowCloses: r.overflowCloses.Load(),
 		RefusedApprovals:    r.refusedApprovals.Load(),
 		ActiveTabs:          active,
+		HeldTabs:            held,
+		BufferBytes:         r.bufBytes.Load(),
+		LogShed:             r.logDropped.Load(),
+		ClosedShed:          r.closedShed.Load(),
+		Throttled:           r.throttled.Load(),
+		OverloadCloses:      r.overloadCloses.Load(),
 		FramesIn:            r.framesIn.Load(),
 		FramesOut:           r.framesOut.Load(),
 		BytesIn:             r.bytesIn.Load(),
@@ -456,16 +510,23 @@ func (r *Registry) Call(ctx context.Context, tid, tool string, args any, timeout
 	if err != nil {
 		return nil, err
 	}
+	sent := true
 	if err := c.enqueue(frame); err != nil {
 		// The socket went away between await and enqueue: its close (or a
 		// successor) retires the call; if nobody has yet, we do.
 		if s.retire(&s.calls, id, callResult{err: ErrPaused}) {
 			return nil, ErrPaused
 		}
+		sent = false
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
-	return s.wait(&s.calls, id, ch, t.C, ctx)
+	res, err := s.wait(&s.calls, id, ch, t.C, ctx)
+	var re *RPCError
+	if err != nil && sent && !errors.As(err, &re) {
+		err = inDoubt{err}
+	}
+	return res, err
 }
 
 // Push queues a server→tab frame (any JSON-marshalable value with a "t"
@@ -581,13 +642,8 @@ func (r *Registry) RecentLog(tid string, n int, kind string) []json.RawMessage {
 	if n <= 0 || n > len(s.ring) {
 		n = len(s.ring)
 	}
-	// Newest is just before ringNext once full; at the end while filling.
-	newest := len(s.ring) - 1
-	if len(s.ring) == r.cfg.LogRing {
-		newest = (s.ringNext - 1 + len(s.ring)) % len(s.ring)
-	}
-	for i := 0; i < len(s.ring) && len(out) < n; i++ {
-		e := s.ring[(newest-i+len(s.ring))%len(s.ring)]
+	for i := len(s.ring) - 1; i >= 0 && len(out) < n; i-- {
+		e := s.ring[i]
 		if kind != "" && entryKind(e) != kind {
 			continue
 		}
@@ -599,7 +655,8 @@ func (r *Registry) RecentLog(tid string, n int, kind string) []json.RawMessage {
 // AppendLog puts an entry the server made itself (for example a dispatch
 // lapd refused before it reached the tab) in tid's recent-actions ring, as a
 // log-append from the tab would be, but without calling Hooks.OnLogAppend
-// (the caller audits what it did). Entries over MaxLogEntry are not kept.
+// (the caller audits what it did). Entries over MaxLogEntry are not kept;
+// the entry counts in the ring's byte budgets like any other.
 // ErrPaused if the registry holds nothing for tid.
 func (r *Registry) AppendLog(tid string, entry json.RawMessage) error {
 	r.mu.Lock()
@@ -612,22 +669,17 @@ func (r *Registry) AppendLog(tid string, entry json.RawMessage) error {
 		return nil
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.dropped {
+		s.mu.Unlock()
 		return ErrPaused
 	}
-	s.appendLogLocked(entry, r.cfg.LogRing)
-	return nil
-}
-
-// appendLog puts e in the ring.
-func (s *session) appendLogLocked(e json.RawMessage, ringCap int) {
-	if len(s.ring) < ringCap {
-		s.ring = append(s.ring, e)
-		return
+	delta, _ := s.appendLogLocked(entry, r.cfg.LogRing, r.cfg.LogRingBytes)
+	r.bufBytes.Add(int64(delta))
+	s.mu.Unlock()
+	if r.overBudget() {
+		r.shed()
 	}
-	s.ring[s.ringNext] = e
-	s.ringNext = (s.ringNext + 1) % ringCap
+	return nil
 }
 
 // Unregister pushes {t:'revoked'}, closes tid's socket (4001), fails its
@@ -657,7 +709,7 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 	s.cur = nil
 	s.dropped = true
 	s.failAllLocked(ErrPaused)
-	s.hello, s.ring = nil, nil
+	r.bufBytes.Add(-int64(s.releaseBuffersLocked()))
 	s.mu.Unlock()
 	if c == nil {
 		return

@@ -157,16 +157,16 @@ func TestCall(t *testing.T) {
 			return map[string]any{"t": "rpc-error", "id": id, "code": "invalid", "detail": "unknown tool: nope"}
 		})
 		var re *RPCError
-		if err := recv(t, done); !errors.As(err, &re) || re.Code != "invalid" || re.Detail != "unknown tool: nope" {
-			t.Fatalf("err %v", err)
+		if err := recv(t, done); !errors.As(err, &re) || re.Code != "invalid" || re.Detail != "unknown tool: nope" || errors.Is(err, ErrOutcomeUnknown) {
+			t.Fatalf("err %v (the tab's answer is not in doubt)", err)
 		}
 	})
 	t.Run("timeout, then the late reply is counted", func(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { _, err := e.reg.Call(ctx, tid, "slow", nil, 30*time.Millisecond); done <- err }()
 		f := tb.expect("rpc")
-		if err := recv(t, done); !errors.Is(err, ErrTimeout) {
-			t.Fatalf("err %v, want ErrTimeout", err)
+		if err := recv(t, done); !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrOutcomeUnknown) {
+			t.Fatalf("err %v, want ErrTimeout and ErrOutcomeUnknown", err)
 		}
 		before := e.reg.Stats().UnknownReplies
 		tb.send(map[string]any{"t": "rpc-reply", "id": f["id"], "result": 1})
@@ -182,13 +182,13 @@ func TestCall(t *testing.T) {
 		go func() { _, err := e.reg.Call(cctx, tid, "slow", nil, 0); done <- err }()
 		tb.expect("rpc")
 		cancel()
-		if err := recv(t, done); !errors.Is(err, context.Canceled) {
+		if err := recv(t, done); !errors.Is(err, context.Canceled) || !errors.Is(err, ErrOutcomeUnknown) {
 			t.Fatalf("err %v", err)
 		}
 	})
 	t.Run("unknown tid", func(t *testing.T) {
-		if _, err := e.reg.Call(ctx, "nobody", "x", nil, 0); !errors.Is(err, ErrPaused) {
-			t.Fatalf("err %v", err)
+		if _, err := e.reg.Call(ctx, "nobody", "x", nil, 0); !errors.Is(err, ErrPaused) || errors.Is(err, ErrOutcomeUnknown) {
+			t.Fatalf("err %v (never sent: not in doubt)", err)
 		}
 		if err := e.reg.Push("nobody", map[string]any{"t": "active"}); !errors.Is(err, ErrPaused) {
 			t.Fatalf("Push err %v", err)
@@ -199,8 +199,8 @@ func TestCall(t *testing.T) {
 		go func() { _, err := e.reg.Call(ctx, tid, "x", nil, 0); done <- err }()
 		tb.expect("rpc")
 		tb.ws.Close(websocket.StatusGoingAway, "")
-		if err := recv(t, done); !errors.Is(err, ErrPaused) {
-			t.Fatalf("err %v", err)
+		if err := recv(t, done); !errors.Is(err, ErrPaused) || !errors.Is(err, ErrOutcomeUnknown) {
+			t.Fatalf("err %v, want ErrPaused and ErrOutcomeUnknown", err)
 		}
 		recv(t, e.closed)
 		if e.reg.IsPaired(tid) {

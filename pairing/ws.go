@@ -378,6 +378,10 @@ func (r *Registry) trimClosedLocked() {
 		if r.sessions[s.tid] == s {
 			delete(r.sessions, s.tid)
 		}
+		s.mu.Lock()
+		r.bufBytes.Add(-int64(s.releaseBuffersLocked()))
+		s.dropped = true
+		s.mu.Unlock()
 	}
 }
 
@@ -556,6 +560,7 @@ var errFrameTooBig = errors.New("pairing: inbound frame over MaxFrame")
 
 // readLoop reads frames until the socket ends and returns why it ended.
 func (c *conn) readLoop() error {
+	in := c.r.newInbound()
 	for {
 		_, rd, err := c.ws.Reader(context.Background())
 		if err != nil {
@@ -567,6 +572,7 @@ func (c *conn) readLoop() error {
 		if err == nil {
 			c.r.framesIn.Add(1)
 			c.r.bytesIn.Add(int64(buf.Len()))
+			in.wait(c.r, buf.Len())
 			c.handle(buf.Bytes())
 		} else if int64(buf.Len()) >= c.r.cfg.MaxFrame {
 			err = errFrameTooBig // the library has closed the socket with 1009

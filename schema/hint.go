@@ -2,33 +2,71 @@ package schema
 
 import (
 	"encoding/json"
+	"slices"
 	"strconv"
 	"strings"
 )
 
-const maxHintDepth = 16
+// Hints are built lazily (the first PayloadHint of a variant) and under a
+// budget, because a policy is untrusted: a schema whose required properties
+// $ref the root would otherwise expand exponentially.
+const (
+	maxHintDepth = 16
+	maxHintNodes = 2000    // schema nodes visited for one hint
+	maxHintBytes = 8 << 10 // a bigger hint is replaced by {}
+)
+
+// hinter builds one hint: budget left, and the $refs being expanded (a $ref
+// already on the path is a cycle and is never expanded again).
+type hinter struct {
+	root   map[string]any
+	budget int
+	refs   []string
+}
 
 // payloadHint builds the skeleton payload for a compiled schema document.
 func payloadHint(doc any) json.RawMessage {
-	root, _ := doc.(map[string]any)
-	h, ok := hintFor(doc, root, 0)
-	if _, isObj := h.(map[string]any); !ok || !isObj {
+	if doc == nil {
 		return json.RawMessage(`{}`)
 	}
-	b, err := json.Marshal(h)
-	if err != nil {
+	root, _ := doc.(map[string]any)
+	h := &hinter{root: root, budget: maxHintNodes}
+	v, ok := h.hintFor(doc, 0)
+	if _, isObj := v.(map[string]any); !ok || !isObj {
+		return json.RawMessage(`{}`)
+	}
+	b, err := json.Marshal(v)
+	if err != nil || len(b) > maxHintBytes {
 		return json.RawMessage(`{}`)
 	}
 	return b
 }
 
-// hintFor returns a placeholder for a value valid against s, or false when
-// it cannot tell one without guessing (or only null would do).
-func hintFor(s any, root map[string]any, depth int) (any, bool) {
-	m, ok := s.(map[string]any)
-	if !ok || depth > maxHintDepth {
+// enter follows a local $ref, unless it is already being expanded or the
+// budget is spent; leave must be called after a successful enter.
+func (h *hinter) enter(ref string) (any, bool) {
+	if slices.Contains(h.refs, ref) {
 		return nil, false
 	}
+	target, ok := resolveLocal(h.root, ref)
+	if !ok {
+		return nil, false
+	}
+	h.refs = append(h.refs, ref)
+	return target, true
+}
+
+func (h *hinter) leave() { h.refs = h.refs[:len(h.refs)-1] }
+
+// hintFor returns a placeholder for a value valid against s, or false when
+// it cannot tell one without guessing (or only null would do), or the
+// budget is spent.
+func (h *hinter) hintFor(s any, depth int) (any, bool) {
+	m, ok := s.(map[string]any)
+	if !ok || depth > maxHintDepth || h.budget <= 0 {
+		return nil, false
+	}
+	h.budget--
 	for _, kw := range []string{"const", "default"} {
 		if v, ok := m[kw]; ok && v != nil {
 			return v, true
@@ -44,16 +82,18 @@ func hintFor(s any, root map[string]any, depth int) (any, bool) {
 		}
 	}
 	if ref, ok := m["$ref"].(string); ok {
-		if target, ok := resolveLocal(root, ref); ok {
-			return hintFor(target, root, depth+1)
+		target, ok := h.enter(ref)
+		if !ok {
+			return nil, false
 		}
-		return nil, false
+		defer h.leave()
+		return h.hintFor(target, depth+1)
 	}
 	for _, kw := range []string{"oneOf", "anyOf"} {
 		if branches, ok := m[kw].([]any); ok {
 			for _, b := range branches {
-				if h, ok := hintFor(b, root, depth+1); ok {
-					return h, true
+				if v, ok := h.hintFor(b, depth+1); ok {
+					return v, true
 				}
 			}
 		}
@@ -69,12 +109,12 @@ func hintFor(s any, root map[string]any, depth int) (any, bool) {
 	switch typ {
 	case "object":
 		obj := map[string]any{}
-		fillObject(obj, m, root, depth)
+		h.fillObject(obj, m, depth)
 		return obj, true
 	case "array":
 		if n, _ := number(m["minItems"]); n > 0 {
-			if h, ok := hintFor(m["items"], root, depth+1); ok {
-				return []any{h}, true
+			if v, ok := h.hintFor(m["items"], depth+1); ok {
+				return []any{v}, true
 			}
 		}
 		return []any{}, true
@@ -95,33 +135,44 @@ func hintFor(s any, root map[string]any, depth int) (any, bool) {
 }
 
 // fillObject adds the required properties of m (and of its allOf branches).
-func fillObject(obj, m, root map[string]any, depth int) {
+func (h *hinter) fillObject(obj, m map[string]any, depth int) {
 	props, _ := m["properties"].(map[string]any)
 	req, _ := m["required"].([]any)
 	for _, r := range req {
 		name, ok := r.(string)
-		if !ok {
+		if !ok || h.budget <= 0 {
 			continue
 		}
 		if _, done := obj[name]; done {
 			continue
 		}
-		if h, ok := hintFor(props[name], root, depth+1); ok {
-			obj[name] = h
+		if v, ok := h.hintFor(props[name], depth+1); ok {
+			obj[name] = v
 		}
 	}
-	if all, ok := m["allOf"].([]any); ok && depth < maxHintDepth {
-		for _, b := range all {
-			if bm, ok := b.(map[string]any); ok {
-				if ref, ok := bm["$ref"].(string); ok {
-					if t, ok := resolveLocal(root, ref); ok {
-						bm, _ = t.(map[string]any)
-					}
-				}
-				if bm != nil {
-					fillObject(obj, bm, root, depth+1)
-				}
+	all, ok := m["allOf"].([]any)
+	if !ok || depth >= maxHintDepth {
+		return
+	}
+	for _, b := range all {
+		if h.budget <= 0 {
+			return
+		}
+		h.budget--
+		bm, _ := b.(map[string]any)
+		if ref, ok := bm["$ref"].(string); ok {
+			target, ok := h.enter(ref)
+			if !ok {
+				continue
 			}
+			if tm, ok := target.(map[string]any); ok {
+				h.fillObject(obj, tm, depth+1)
+			}
+			h.leave()
+			continue
+		}
+		if bm != nil {
+			h.fillObject(obj, bm, depth+1)
 		}
 	}
 }

@@ -55,6 +55,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
@@ -68,6 +69,9 @@ const (
 	MaxSchemaBytes   = 256 << 10 // JSON of one variant's schema
 	MaxPolicyBytes   = 4 << 20   // JSON of the whole policy (the WebSocket frame limit)
 	MaxVariantName   = 200       // bytes of a variant name
+	MaxPolicyNodes   = 5000      // JSON objects and arrays in all of a policy's schemas (bounds compile time and memory)
+	MaxVariantNodes  = 500       // … in one variant's schema (the compiler is superlinear in one schema's size)
+	MaxSchemaDepth   = 32        // nesting of objects and arrays in one schema (… and much more so in its depth)
 	maxFieldErrors   = 20        // FieldErrors in a Rejection
 	maxDetailErrors  = 5         // errors spelled out in a Rejection's Detail
 	maxListedNames   = 20        // known variants listed for an unknown one
@@ -134,12 +138,16 @@ type Policy struct {
 	variants     map[string]*variant
 	names        []string // sorted
 	discriminant string
+	footprint    int
 }
 
 type variant struct {
 	Annotations
 	schema *jsonschema.Schema // nil: any payload
-	hint   json.RawMessage
+	doc    any                // the schema document, for the hint
+
+	hintOnce sync.Once
+	hint     json.RawMessage
 }
 
 type rawPolicy struct {
@@ -196,20 +204,50 @@ func Parse(raw json.RawMessage) (*Policy, error) {
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.UseLoader(refuseLoader{})
-	for i, name := range p.names {
+	c.UseRegexpEngine(compileRegexp)
+	// Decode and measure every variant before compiling any: a policy over
+	// its limits is refused before the expensive part.
+	nodes := 0
+	for _, name := range p.names {
 		if name == "" || len(name) > MaxVariantName {
 			return nil, fmt.Errorf("schema: variant name %.40q must be 1..%d bytes", name, MaxVariantName)
 		}
-		v, err := compileVariant(c, i, rp.Variants[name])
+		v, err := decodeVariant(rp.Variants[name], &nodes)
 		if err != nil {
 			return nil, fmt.Errorf("schema: variant %q: %w", name, err)
 		}
 		p.variants[name] = v
 	}
+	for i, name := range p.names {
+		v := p.variants[name]
+		if v.doc == nil {
+			continue
+		}
+		url := fmt.Sprintf("lapd-policy:///variant/%d.json", i)
+		err := c.AddResource(url, v.doc)
+		if err == nil {
+			v.schema, err = c.Compile(url)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("schema: variant %q: schema: %w", name, err)
+		}
+	}
+	// What the compiled form holds, roughly: the documents, and about a
+	// kilobyte per compiled subschema (measured with jsonschema v6).
+	p.footprint = 2*len(raw) + nodes*1024
 	return p, nil
 }
 
-func compileVariant(c *jsonschema.Compiler, i int, raw json.RawMessage) (*variant, error) {
+// Footprint is about how many bytes the compiled policy keeps in memory (for
+// caches that budget bytes).
+func (p *Policy) Footprint() int {
+	if p == nil {
+		return 0
+	}
+	return p.footprint
+}
+
+func decodeVariant(raw json.RawMessage, nodes *int) (*variant, error) {
 	var rv rawVariant
 	if err := json.Unmarshal(raw, &rv); err != nil {
 		return nil, fmt.Errorf("must be an object of annotations and a schema: %w", err)
@@ -217,7 +255,6 @@ func compileVariant(c *jsonschema.Compiler, i int, raw json.RawMessage) (*varian
 	v := &variant{Annotations: rv.Annotations}
 	s := bytes.TrimSpace(rv.Schema)
 	if len(s) == 0 || string(s) == "null" {
-		v.hint = json.RawMessage(`{}`)
 		return v, nil
 	}
 	if len(s) > MaxSchemaBytes {
@@ -232,15 +269,72 @@ func compileVariant(c *jsonschema.Compiler, i int, raw json.RawMessage) (*varian
 	default:
 		return nil, errors.New("schema must be a JSON Schema object or boolean")
 	}
-	url := fmt.Sprintf("lapd-policy:///variant/%d.json", i)
-	if err := c.AddResource(url, doc); err != nil {
-		return nil, fmt.Errorf("schema: %w", err)
+	if err := scanSchema(doc, nodes); err != nil {
+		return nil, err
 	}
-	if v.schema, err = c.Compile(url); err != nil {
-		return nil, fmt.Errorf("schema: %w", err)
-	}
-	v.hint = payloadHint(doc)
+	v.doc = doc
 	return v, nil
+}
+
+// scanSchema counts the objects and arrays of a schema document into nodes
+// (refusing past MaxVariantNodes in it, MaxPolicyNodes in all, or nesting
+// past MaxSchemaDepth: the compiler's time grows faster than the size of
+// one schema, and much faster than its depth), and refuses references the cost
+// bound cannot follow: $dynamicRef, $recursiveRef, and a $ref that does not
+// start with "#" (the built-in meta-schemas are reachable that way and use
+// $dynamicRef). Keywords whose values are data (const, enum, default,
+// examples) are counted but not searched for references.
+func scanSchema(doc any, nodes *int) error {
+	mine := 0
+	count := func(depth int) error {
+		*nodes++
+		mine++
+		switch {
+		case depth > MaxSchemaDepth:
+			return fmt.Errorf("the schema nests objects and arrays deeper than %d levels; flatten it (use $defs)", MaxSchemaDepth)
+		case mine > MaxVariantNodes:
+			return fmt.Errorf("the schema has over %d objects and arrays; simplify it", MaxVariantNodes)
+		case *nodes > MaxPolicyNodes:
+			return fmt.Errorf("the policy's schemas have over %d objects and arrays in all; simplify them", MaxPolicyNodes)
+		}
+		return nil
+	}
+	var walk func(v any, data bool, depth int) error
+	walk = func(v any, data bool, depth int) error {
+		switch x := v.(type) {
+		case map[string]any:
+			if err := count(depth); err != nil {
+				return err
+			}
+			for k, sub := range x {
+				if !data {
+					switch k {
+					case "$dynamicRef", "$recursiveRef":
+						return fmt.Errorf("%s is not supported; use a local \"$ref\": \"#/$defs/…\"", k)
+					case "$ref":
+						if ref, _ := sub.(string); !strings.HasPrefix(ref, "#") {
+							return fmt.Errorf("remote $ref %.60q refused: lapd loads no schema from the network, the disk or the meta-schemas; put it under $defs and use a local \"#/$defs/…\" $ref", ref)
+						}
+					}
+				}
+				isData := data || k == "const" || k == "enum" || k == "default" || k == "examples"
+				if err := walk(sub, isData, depth+1); err != nil {
+					return err
+				}
+			}
+		case []any:
+			if err := count(depth); err != nil {
+				return err
+			}
+			for _, sub := range x {
+				if err := walk(sub, data, depth+1); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return walk(doc, false, 1)
 }
 
 // Discriminant returns the msg field that names the variant ("type" unless
@@ -257,11 +351,9 @@ func (p *Policy) Check(msg json.RawMessage) *Rejection {
 	if p == nil {
 		return nil
 	}
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(msg))
-	obj, isObj := doc.(map[string]any)
-	name, isStr := obj[p.discriminant].(string)
-	if err != nil || !isObj || !isStr {
-		return reject(ReasonInvalid, fmt.Sprintf("msg.%s must be a string", p.discriminant))
+	name, payload, err := SplitMsg(msg, p.discriminant)
+	if err != nil {
+		return reject(ReasonInvalid, strings.TrimPrefix(err.Error(), ErrBadMsg.Error()+": "))
 	}
 	v, ok := p.variants[name]
 	if !ok {
@@ -273,7 +365,13 @@ func (p *Policy) Check(msg json.RawMessage) *Rejection {
 	if v.schema == nil {
 		return nil
 	}
-	delete(obj, p.discriminant)
+	obj, err := jsonschema.UnmarshalJSON(bytes.NewReader(payload))
+	if err != nil {
+		return reject(ReasonInvalid, "msg is not valid JSON")
+	}
+	if why := checkCost(v.schema, obj); why != "" {
+		return reject(ReasonSchemaError, why)
+	}
 	err = v.schema.Validate(obj)
 	if err == nil {
 		return nil
@@ -447,6 +545,7 @@ func (p *Policy) PayloadHint(name string) json.RawMessage {
 	if !ok {
 		return nil
 	}
+	v.hintOnce.Do(func() { v.hint = payloadHint(v.doc) })
 	return slices.Clone(v.hint)
 }
 

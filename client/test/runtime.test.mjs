@@ -227,6 +227,46 @@ test('send_message: dispatched with diff, async effects drained, gates', async (
   agent.destroy()
 })
 
+test('send_message idempotencyKey: one dispatch per key, across concurrent repeats and a reload', async () => {
+  const storage = memStorage()
+  const env = await connected({ storage })
+  const { ws, store } = env
+  let r = await rpc(ws, 'send_message', { msg: { type: 'addTask', title: 'Milk' }, idempotencyKey: 'k1', idempotencyTtlMs: 60000 })
+  assert.equal(r.reply.result.status, 'dispatched')
+  // a repeat (the server lost track, e.g. it restarted) gets the same answer, no second task
+  const again = await rpc(ws, 'send_message', { msg: { type: 'addTask', title: 'Milk' }, idempotencyKey: 'k1', idempotencyTtlMs: 60000 })
+  assert.deepEqual(again.reply.result, r.reply.result)
+  assert.match(again.log.intent, /not dispatched again/)
+  assert.equal(store.get().tasks.length, 1)
+  // two at once: the save handler takes 30 ms; both get its one result
+  const [a, b] = await Promise.all([
+    rpc(ws, 'send_message', { msg: { type: 'save' }, idempotencyKey: 'k2' }),
+    rpc(ws, 'send_message', { msg: { type: 'save' }, idempotencyKey: 'k2' }),
+  ])
+  assert.deepEqual(a.reply.result, b.reply.result)
+  // a big result is not kept across a reload
+  store.set({ ...store.get(), blob: 'x'.repeat(40 << 10) })
+  r = await rpc(ws, 'send_message', { msg: { type: 'addTask', title: 'Big' }, idempotencyKey: 'k3', includeState: true })
+  assert.equal(r.reply.result.status, 'dispatched')
+  const kept = JSON.parse(storage.getItem('lapd:idem'))
+  assert.deepEqual(kept.map((e) => [e.key, 'result' in e]), [['k1', true], ['k2', true], ['k3', false]])
+  env.agent.destroy()
+
+  // reload: a new agent on the same sessionStorage
+  const env2 = await connected({ storage })
+  env2.store.set({ tasks: [], filter: 'all' })
+  r = await rpc(env2.ws, 'send_message', { msg: { type: 'addTask', title: 'Milk' }, idempotencyKey: 'k1' })
+  assert.equal(r.reply.result.status, 'dispatched', 'the kept result')
+  r = await rpc(env2.ws, 'send_message', { msg: { type: 'addTask', title: 'Big' }, idempotencyKey: 'k3' })
+  assert.equal(r.reply.t, 'rpc-error')
+  assert.equal(r.reply.code, 'outcome-unknown')
+  assert.match(r.reply.detail, /observe before retrying/)
+  assert.equal(env2.store.get().tasks.length, 0, 'nothing dispatched again after the reload')
+  r = await rpc(env2.ws, 'send_message', { msg: { type: 'addTask', title: 'New' }, idempotencyKey: 'k4' })
+  assert.equal(env2.store.get().tasks.length, 1, 'a new key dispatches')
+  env2.agent.destroy()
+})
+
 test('confirm: propose, approve while down is queued and sent after reconnect', async () => {
   const { agent, ws, store } = await connected()
   store.set({ tasks: [{ title: 'a' }], filter: 'all' })
@@ -263,6 +303,29 @@ test('confirm: propose, approve while down is queued and sent after reconnect', 
   agent.destroy()
 })
 
+test('confirm-sync of an approval answered here re-sends the answer (lost with the socket), also after a reload', async () => {
+  const storage = memStorage()
+  let clears = 0
+  const actions = { clearAll: { intent: 'Delete every task', requiresConfirm: true, handler: () => { clears++ } } }
+  const env = await connected({ storage, actions })
+  const r = await rpc(env.ws, 'send_message', { msg: { type: 'clearAll' } })
+  const id = r.reply.result.confirmId
+  assert.equal(await env.agent.approve(id), true)
+  assert.equal(env.ws.frames('confirm-resolved').length, 1)
+  // the server restarted before it read the answer: its confirm-sync still lists the approval
+  env.ws.frame({ t: 'confirm-sync', pending: [{ confirmId: id, variant: 'clearAll', payload: {} }] })
+  assert.deepEqual(env.agent.pendingConfirms(), [], 'not shown again')
+  assert.deepEqual(env.ws.frames('confirm-resolved').map((f) => [f.confirmId, f.outcome]), [[id, 'confirmed'], [id, 'confirmed']])
+  env.agent.destroy()
+  // a reload: the answer is remembered in sessionStorage
+  const env2 = await connected({ storage, actions })
+  env2.ws.frame({ t: 'confirm-sync', pending: [{ confirmId: id, variant: 'clearAll', payload: {} }] })
+  assert.deepEqual(env2.agent.pendingConfirms(), [])
+  assert.deepEqual(env2.ws.frames('confirm-resolved').map((f) => [f.confirmId, f.outcome]), [[id, 'confirmed']])
+  assert.equal(clears, 1, 'the action ran once')
+  env2.agent.destroy()
+})
+
 test('confirm: reject, confirm-expire, confirm-sync', async () => {
   const { agent, ws } = await connected()
   let r = await rpc(ws, 'send_message', { msg: { type: 'clearAll' } })
@@ -282,6 +345,42 @@ test('confirm: reject, confirm-expire, confirm-sync', async () => {
   assert.deepEqual(agent.pendingConfirms().map((c) => [c.id, c.intent, c.status]), [['c9', 'Delete every task', 'pending']])
   ws.frame({ t: 'confirm-sync', pending: [{ confirmId: 'c9', variant: 'clearAll' }] })
   assert.equal(agent.pendingConfirms().length, 1, 'no duplicates')
+  agent.destroy()
+})
+
+test('confirm-sync and approve re-gate: human-only, unknown or schema-failing approvals never run', async () => {
+  let resets = 0
+  let clears = 0
+  const actions = {
+    addTask: { intent: 'Add a task', schema: { type: 'object', required: ['title'], properties: { title: { type: 'string' } } }, handler: () => {} },
+    clearAll: { intent: 'Delete every task', requiresConfirm: true, handler: () => { clears++ } },
+    reset: { intent: 'Reset everything', humanOnly: true, handler: () => { resets++ } },
+  }
+  const { agent, ws } = await connected({ actions })
+  // What a server that stored {"type":"clearAll","Type":"reset"} as "reset" re-delivered after a reload.
+  ws.frame({ t: 'confirm-sync', pending: [
+    { confirmId: 'h1', variant: 'reset', payload: { Type: 'reset' }, intent: 'Reset everything' },
+    { confirmId: 'u1', variant: 'nuke', payload: {} },
+    { confirmId: 's1', variant: 'addTask', payload: { title: 5 } },
+    { confirmId: 'ok', variant: 'clearAll', payload: {} },
+  ] })
+  assert.deepEqual(agent.pendingConfirms().map((c) => c.id), ['ok'])
+  const answers = ws.frames('confirm-resolved').map((f) => [f.confirmId, f.outcome])
+  assert.deepEqual(answers, [['h1', 'user-cancelled'], ['u1', 'user-cancelled'], ['s1', 'user-cancelled']])
+  assert.equal(await agent.approve('h1'), false)
+  assert.equal(resets, 0, 'the human-only handler never ran')
+  assert.match(agent.log().find((e) => e.id === 'confirm-h1').detail, /human-only/)
+
+  // approve() gates again: the app made clearAll human-only after it was proposed.
+  const r = await rpc(ws, 'send_message', { msg: { type: 'clearAll' } })
+  const id = r.reply.result.confirmId
+  actions.clearAll.humanOnly = true
+  assert.equal(await agent.approve(id), false)
+  assert.equal(clears, 0, 'not dispatched')
+  assert.deepEqual(ws.frames('confirm-resolved').at(-1), { t: 'confirm-resolved', confirmId: id, outcome: 'user-cancelled' })
+  assert.deepEqual(agent.pendingConfirms().map((c) => c.id), ['ok'])
+  assert.equal(await agent.approve('ok'), false, 'clearAll is human-only now')
+  actions.clearAll.humanOnly = false
   agent.destroy()
 })
 

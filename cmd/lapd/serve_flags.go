@@ -38,6 +38,7 @@ type serveConfig struct {
 	ShutdownTimeout time.Duration
 	AdminAddr       string // "" = no admin listener
 	AdminToken      string
+	MaxKeptMiB      int
 
 	IdentityCookie    string
 	IdentityCookieKey string
@@ -79,6 +80,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.String(&c.AdminAddr, "admin-addr", "", "serve the admin console (/admin/), /metrics, pprof and health on this separate address, e.g. 127.0.0.1:9090 (a bare :9090 means loopback); off when empty")
 	fs.String(&c.AdminToken, "admin-token", "", "token required by the admin listener (at least 16 characters; prefer the env variable to the flag, which other users can see in ps); without it only loopback clients are served")
+	fs.Int(&c.MaxKeptMiB, "max-kept-mib", 512, "ceiling in MiB of session data kept in memory (log rings, hellos, kept outcomes, idempotent results, compiled policies); over it lapd sheds the heaviest sessions' oldest data and logs it")
 	fs.String(&c.IdentityCookie, "identity-cookie", "", "name of a signed cookie <uid>.<base64url(HMAC-SHA256(key, uid))> that names the user for mint")
 	fs.String(&c.IdentityCookieKey, "identity-cookie-key", "", "HMAC key for --identity-cookie (at least 32 characters)")
 	fs.String(&c.JWTCookie, "jwt-cookie", "", "cookie holding the host app's login JWT (names the user for mint)")
@@ -100,6 +102,9 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	case "auto", "true", "false":
 	default:
 		return c, usageError{"--allow-anonymous must be auto, true or false, not " + c.AllowAnonymous}
+	}
+	if c.MaxKeptMiB < 16 {
+		return c, usageError{"--max-kept-mib must be at least 16"}
 	}
 	if c.LAPRate <= 0 || c.MintRate <= 0 {
 		return c, usageError{"--lap-rate and --mint-rate must be positive"}

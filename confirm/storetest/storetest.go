@@ -84,6 +84,38 @@ func Run(t *testing.T, newStore Factory) {
 		}
 	})
 
+	t.Run("AnswerRoundTrip", func(t *testing.T) {
+		t.Parallel()
+		s := open(t)
+		p := pending("t1", "c1", 1000)
+		if err := s.Put(t.Context(), p); err != nil {
+			t.Fatal(err)
+		}
+		p.Outcome = &confirm.Resolution{Status: "confirmed", StateAfter: json.RawMessage(`{"n":1}`), Variant: "clearAll", ResolvedAt: 2000}
+		if err := s.Put(t.Context(), p); err != nil {
+			t.Fatal(err)
+		}
+		ps := list(t, s)
+		if len(ps) != 1 || !equal(ps[0], p) || ps[0].Outcome == nil {
+			t.Fatalf("List = %+v, want the answered approval", ps)
+		}
+		if got := *ps[0].Outcome; got.Status != "confirmed" || string(got.StateAfter) != `{"n":1}` || got.Variant != "clearAll" || got.ResolvedAt != 2000 || got.Reason != "" {
+			t.Fatalf("Outcome = %+v", got)
+		}
+		r := pending("t1", "c2", 1000)
+		r.Outcome = &confirm.Resolution{Status: "rejected", Reason: "timeout", ResolvedAt: 3000}
+		if err := s.Put(t.Context(), r); err != nil {
+			t.Fatal(err)
+		}
+		ps = list(t, s)
+		if len(ps) != 2 || ps[1].Outcome == nil || ps[1].Outcome.Reason != "timeout" || ps[1].Outcome.StateAfter != nil {
+			t.Fatalf("List = %+v", ps)
+		}
+		if ps[0].Outcome == ps[1].Outcome {
+			t.Fatal("List shares Outcome values")
+		}
+	})
+
 	t.Run("PutReplaces", func(t *testing.T) {
 		t.Parallel()
 		s := open(t)

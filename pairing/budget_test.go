@@ -1,0 +1,107 @@
+package pairing
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/coder/websocket"
+
+	"github.com/lapd-dev/lapd/tokens"
+)
+
+func logBytes(es []json.RawMessage) (n int) {
+	for _, e := range es {
+		n += len(e)
+	}
+	return n
+}
+
+// The review: 20 tabs × 100 log entries × 255 KB = 680 MB kept in the log
+// rings, closed tabs' too (here scaled down: 100 KB entries). Rings are now counted in bytes per tid
+// (LogRingBytes), and with hellos in all (BufferBytes), shedding closed
+// tabs' buffers first, then the heaviest tid's oldest entries.
+func TestLogRingBytes(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("x", 100<<10)
+	t.Run("per tid", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, nil)
+		tok, tid := e.mint("")
+		tb := e.pair(tok)
+		for i := range 20 {
+			tb.send(map[string]any{"t": "log-append", "entry": map[string]any{"id": fmt.Sprint(i), "kind": "read", "detail": big}})
+			recv(t, e.logs)
+		}
+		es := e.reg.RecentLog(tid, 0, "")
+		if n := logBytes(es); n > DefaultLogRingBytes || len(es) == 0 {
+			t.Fatalf("ring keeps %d entries, %d bytes; want at most %d bytes", len(es), n, DefaultLogRingBytes)
+		}
+		var newest struct{ ID string }
+		_ = json.Unmarshal(es[0], &newest)
+		if newest.ID != "19" {
+			t.Fatalf("newest entry %q, want 19 (the oldest go first)", newest.ID)
+		}
+	})
+	t.Run("in all, closed tabs included", func(t *testing.T) {
+		t.Parallel()
+		const budget = 1 << 20
+		e := newEnv(t, func(c *Config, _ *tokens.Config) { c.BufferBytes = budget })
+		var tids []string
+		for range 10 {
+			tok, tid := e.mint("")
+			tids = append(tids, tid)
+			tb := e.pair(tok)
+			for i := range 5 {
+				tb.send(map[string]any{"t": "log-append", "entry": map[string]any{"id": fmt.Sprint(i), "kind": "read", "detail": big}})
+				recv(t, e.logs)
+			}
+			tb.ws.Close(websocket.StatusNormalClosure, "")
+			recv(t, e.closed)
+		}
+		total := 0
+		for _, tid := range tids {
+			total += logBytes(e.reg.RecentLog(tid, 0, ""))
+		}
+		st := e.reg.Stats()
+		if total > budget || st.BufferBytes > budget || st.ClosedShed == 0 {
+			t.Fatalf("kept %d log bytes, Stats %+v; want ≤ %d and closed tabs shed", total, st, budget)
+		}
+	})
+}
+
+// A hello that does not fit the budget even after shedding closes its
+// socket with 1013 (try again later) instead of being kept.
+func TestHelloOverBudget(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.BufferBytes = 64 << 10 })
+	tok, _ := e.mint("")
+	tb := e.dial(tok, dialOpts{})
+	tb.send(map[string]any{"t": "hello", "appName": "demo", "appVersion": "1", "schemaHash": "h", "lapVersion": 2,
+		"docs": map[string]any{"text": strings.Repeat("d", 100<<10)}})
+	if got := tb.closeStatus(); got != CloseOverloaded {
+		t.Fatalf("close %d, want %d", got, CloseOverloaded)
+	}
+	if st := e.reg.Stats(); st.OverloadCloses != 1 || st.BufferBytes != 0 {
+		t.Fatalf("Stats %+v", st)
+	}
+}
+
+// Inbound frames over the socket's rate are delayed (the reader waits), not
+// dropped.
+func TestInboundRate(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.FrameRate = 200; c.FrameBurst = 5 })
+	tok, _ := e.mint("")
+	tb := e.pair(tok)
+	for i := range 30 {
+		tb.send(map[string]any{"t": "log-append", "entry": map[string]any{"id": fmt.Sprint(i)}})
+	}
+	for range 30 {
+		recv(t, e.logs)
+	}
+	if st := e.reg.Stats(); st.Throttled == 0 {
+		t.Fatalf("Stats %+v: no frame was delayed", st)
+	}
+}
