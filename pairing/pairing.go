@@ -237,11 +237,11 @@ type Registry struct {
 	superseded, hbCloses, overflowCloses        atomic.Int64
 	refusedApprovals                            atomic.Int64
 
-	bufBytes                          atomic.Int64 // rings and hellos kept
-	logDropped, closedShed, throttled atomic.Int64
-	overloadCloses                    atomic.Int64
-	lastShedLog                       time.Time // guarded by mu
-	framesIn, framesOut, bytesIn, bytesOut      atomic.Int64
+	bufBytes                               atomic.Int64 // rings and hellos kept
+	logDropped, closedShed, throttled      atomic.Int64
+	overloadCloses                         atomic.Int64
+	lastShedLog                            time.Time // guarded by mu
+	framesIn, framesOut, bytesIn, bytesOut atomic.Int64
 }
 
 // session is everything lapd keeps per tid: the live socket (if any), the
