@@ -381,7 +381,8 @@ var _ audit.Sink = (*streamMetrics)(nil)
 var refusalCodes = []string{"auth-failed", "auth-required", "revoked", "paused", "rate-limited",
 	"invalid", "schema-error", "timeout", "internal", "method-not-allowed", "payload-too-large",
 	"not-found", "shutting-down", "forbidden-origin", "forbidden", "forbidden-host", "capacity",
-	"conflict", "outcome-unknown", "busy", "request-timeout", "bad-token", "not-loopback", other}
+	"conflict", "outcome-unknown", "busy", "request-timeout", "session-capacity", "too-many-pending",
+	"bad-token", "not-loopback", other}
 
 var surfaces = []string{"lap", "meta", "ws", "mcp", "admin", other}
 
