@@ -286,6 +286,8 @@ var collectorMetrics = []struct {
 	{"lapd_mcp_sessions", "MCP sessions on /agent/mcp by protocol era (the modern era has no sessions: each call names its lapd session).", []string{"era"}},
 	{"lapd_audit_entries_total", "Audit entries recorded since start.", nil},
 	{"lapd_audit_sink_failures_total", "Audit entry writes a sink failed (the entry is not stored there; the log says which sink).", nil},
+	{"lapd_audit_dropped_total", "Audit entries dropped because the audit queue stayed full (each is counted in an audit-overflow entry).", nil},
+	{"lapd_audit_queue_entries", "Audit entries waiting for the audit writer now.", nil},
 	{"lapd_draining", "1 while lapd shuts down (new calls get 503), else 0.", nil},
 	{"lapd_build_info", "Always 1; the labels name the build.", []string{"version", "goversion"}},
 }
@@ -353,6 +355,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter("lapd_audit_entries_total", s.audit.Recorded())
 	counter("lapd_audit_sink_failures_total", s.audit.Failures())
+	// The asynchronous audit pipeline's own counters, when the audit log
+	// has them (issue #7).
+	if d, ok := any(s.audit).(interface{ Dropped() int64 }); ok {
+		counter("lapd_audit_dropped_total", d.Dropped())
+	}
+	if q, ok := any(s.audit).(interface{ Queued() int }); ok {
+		gauge("lapd_audit_queue_entries", float64(q.Queued()))
+	}
 	draining := 0.0
 	if s.lap.Draining() {
 		draining = 1
