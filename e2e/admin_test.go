@@ -156,6 +156,7 @@ func TestAdminConsole(t *testing.T) {
 		browserOK(t, mc, "observe", args())
 	}
 	con.shot("admin-console")
+	con.axe("admin console")
 
 	// On a phone: tiles two by two, sessions and audit as cards, nothing
 	// wider than the screen.
@@ -172,6 +173,7 @@ func TestAdminConsole(t *testing.T) {
 		t.Errorf("phone layout: %+v (want nothing past the right edge, table rows as cards)", layout)
 	}
 	phone.shot("admin-console-390")
+	phone.axe("admin console at 390 px")
 
 	// 4. Revoke from the console (two clicks); the tab's panel says so and
 	// the model is refused.
