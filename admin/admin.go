@@ -314,8 +314,18 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, status int, cod
 	if status == http.StatusUnauthorized {
 		ev = audit.EventAuthFailed
 	}
-	h.cfg.Audit.Record(context.WithoutCancel(r.Context()), audit.Entry{Event: ev, Detail: map[string]any{
-		"endpoint": r.URL.Path, "status": status, "code": code, "ip": clientIP(r)}})
+	ip := clientIP(r)
+	e := audit.Entry{Event: ev, Detail: map[string]any{"endpoint": r.URL.Path, "status": status, "code": code, "ip": ip}}
+	ctx := context.WithoutCancel(r.Context())
+	// A flood of refusals costs a bounded number of audit writes per client
+	// IP when the audit log can summarise (issue #7's RecordLimited).
+	if rl, ok := any(h.cfg.Audit).(interface {
+		RecordLimited(context.Context, string, audit.Entry)
+	}); ok {
+		rl.RecordLimited(ctx, "ip:"+ip, e)
+	} else {
+		h.cfg.Audit.Record(ctx, e)
+	}
 	writeErr(w, status, code, detail)
 }
 
