@@ -45,6 +45,9 @@ type Config struct {
 	AuditFile   string       // JSONL file sink at this path
 	AuditStdout bool         // JSONL on stdout
 	AuditSQLite bool         // audit_entries table in lapd.db (needs the sqlite store)
+	// AuditRetention bounds what the file and SQLite sinks keep (zero =
+	// everything); the stdout stream is not bounded here.
+	AuditRetention audit.Retention
 
 	// Who may mint. Identity names the human behind a meta request (mint,
 	// resume, revoke, sessions) from the host app's own session: wrap your

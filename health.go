@@ -104,7 +104,7 @@ type auditHealth struct {
 const auditFailingFor = 30 * time.Second
 
 func (h *auditHealth) check(s *Server) check {
-	n := s.audit.Failures()
+	n := s.audit.Failures() + s.audit.Dropped()
 	now := time.Now()
 	h.mu.Lock()
 	if n > h.failures {
@@ -113,8 +113,8 @@ func (h *auditHealth) check(s *Server) check {
 	failedAt := h.failedAt
 	h.mu.Unlock()
 	if !failedAt.IsZero() && now.Sub(failedAt) < auditFailingFor {
-		return check{"audit", false, fmt.Sprintf("an audit sink failed %s ago (%d failed writes since start; the log names the sink)",
-			now.Sub(failedAt).Round(time.Second), n)}
+		return check{"audit", false, fmt.Sprintf("an audit sink failed or the audit queue overflowed %s ago (%d failed writes, %d entries dropped since start; the log says where)",
+			now.Sub(failedAt).Round(time.Second), s.audit.Failures(), s.audit.Dropped())}
 	}
-	return check{"audit", true, fmt.Sprintf("%d entries recorded, %d failed writes since start", s.audit.Recorded(), n)}
+	return check{"audit", true, fmt.Sprintf("%d entries recorded, %d queued, %d failed writes since start", s.audit.Recorded(), s.audit.Queued(), s.audit.Failures())}
 }

@@ -326,12 +326,22 @@ func (s *Server) MCP() *mcp.HTTPHandler { return s.mcp }
 // revoke is audited. tokens.ErrForbidden if tid is unknown.
 func (s *Server) Revoke(ctx context.Context, tid string) error { return s.lap.Revoke(ctx, tid) }
 
-// Shutdown stops lapd gracefully: it closes the MCP sessions, drains LAP
-// (new calls get 503 shutting-down), waits for the calls in flight (bounded
-// by ctx), closes every tab with 1012 so it reconnects to the next process,
-// then closes confirm, the stores and audit (flushing every sink). Call it
-// before the http.Server's own Shutdown, so in-flight calls still have a
-// listener. Calling it again returns the first call's result.
+// Shutdown stops lapd gracefully, within ctx's deadline, in this order:
+//
+//  1. Close the MCP sessions; drain LAP: new calls get 503 shutting-down,
+//     long polls (/wait, approvals) end at once; wait for the calls in
+//     flight, for at most half of the time left.
+//  2. Close every tab with 1012 (it reconnects to the next process); calls
+//     still waiting on a tab fail with 503 shutting-down.
+//  3. Wait for the last calls with the rest of the time.
+//  4. Close confirm, the stores, and the audit log last: it writes every
+//     queued entry before its sinks close, so no entry of steps 1–3 is lost.
+//
+// It returns an error when ctx ran out before step 3 ended (everything is
+// closed anyway; an entry recorded after that is logged instead, see
+// audit.Log.Close). Call it before the http.Server's own Shutdown, so
+// in-flight calls still have a listener. Calling it again returns the first
+// call's result.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutOnce.Do(func() { s.shutErr = s.shutdown(ctx) })
 	return s.shutErr
@@ -339,21 +349,36 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 func (s *Server) shutdown(ctx context.Context) error {
 	var errs []error
+	half, cancel := halfOf(ctx)
+	defer cancel()
 	if s.mcp != nil {
-		if err := s.mcp.Close(ctx); err != nil {
+		if err := s.mcp.Close(half); err != nil {
 			errs = append(errs, fmt.Errorf("closing MCP sessions: %w", err))
 		}
 	}
 	s.lap.Drain()
 	s.perim.cutBodies()
-	if err := s.lap.WaitIdle(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("waiting for in-flight calls: %w", err))
+	if err := s.lap.WaitIdle(half); err != nil {
+		s.log.Warn("shutdown: calls still in flight after half the shutdown time; closing the tabs", "err", err)
 	}
 	if err := s.registry.Shutdown(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("closing tabs: %w", err))
 	}
+	if err := s.lap.WaitIdle(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("waiting for in-flight calls: %w", err))
+	}
 	errs = append(errs, s.closeAll())
 	return errors.Join(errs...)
+}
+
+// halfOf is ctx with half of its remaining time (ctx itself when it has no
+// deadline).
+func halfOf(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Until(d)/2)
 }
 
 // closeAll closes what New opened, last first, then audit, then the database.

@@ -355,14 +355,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter("lapd_audit_entries_total", s.audit.Recorded())
 	counter("lapd_audit_sink_failures_total", s.audit.Failures())
-	// The asynchronous audit pipeline's own counters, when the audit log
-	// has them (issue #7).
-	if d, ok := any(s.audit).(interface{ Dropped() int64 }); ok {
-		counter("lapd_audit_dropped_total", d.Dropped())
-	}
-	if q, ok := any(s.audit).(interface{ Queued() int }); ok {
-		gauge("lapd_audit_queue_entries", float64(q.Queued()))
-	}
+	counter("lapd_audit_dropped_total", s.audit.Dropped())
+	gauge("lapd_audit_queue_entries", float64(s.audit.Queued()))
 	draining := 0.0
 	if s.lap.Draining() {
 		draining = 1
@@ -376,7 +370,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 // touch is resolved up front: counting an entry is a map read and an atomic
 // add.
 type streamMetrics struct {
-	vecs        []*prometheus.CounterVec
+	vecs        []prometheus.Collector
+	batches     prometheus.Counter
+	batchSize   prometheus.Histogram
 	events      map[string]prometheus.Counter    // by event
 	refusals    map[[2]string]prometheus.Counter // by surface, reason
 	approvals   map[string]prometheus.Counter    // by audit event
@@ -384,7 +380,7 @@ type streamMetrics struct {
 	admin       map[string]prometheus.Counter    // by action
 }
 
-var _ audit.Sink = (*streamMetrics)(nil)
+var _ audit.BatchSink = (*streamMetrics)(nil)
 
 // refusalCodes are the error codes lapd's refusals carry; anything else
 // (a tab's own rpc-error code can be any string) is counted as "other".
@@ -414,8 +410,14 @@ func newStreamMetrics() *streamMetrics {
 	approvals := vec("lapd_approvals_total", "Approvals by outcome: proposed, approved, rejected (by the human), expired (nobody answered).", "outcome")
 	disconnects := vec("lapd_tab_disconnects_total", "Tabs whose socket closed for good, by reason (client-closed, connection-lost, heartbeat-missed, revoked, …).", "reason")
 	admin := vec("lapd_admin_actions_total", "Actions taken in the admin console, by action (login, revoke).", "action")
+	batches := prometheus.NewCounter(prometheus.CounterOpts{Name: "lapd_audit_batches_total",
+		Help: "Batches the audit writer handed to the sinks (one transaction or one write each)."})
+	batchSize := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lapd_audit_batch_entries",
+		Help: "Entries per audit batch.", Buckets: []float64{1, 4, 16, 64, 256, 1024, 4096, 16384}})
 	sm := &streamMetrics{
-		vecs:        []*prometheus.CounterVec{events, refusals, approvals, disconnects, admin},
+		vecs:        []prometheus.Collector{events, refusals, approvals, disconnects, admin, batches, batchSize},
+		batches:     batches,
+		batchSize:   batchSize,
 		events:      map[string]prometheus.Counter{},
 		refusals:    map[[2]string]prometheus.Counter{},
 		approvals:   map[string]prometheus.Counter{},
@@ -460,6 +462,17 @@ func (sm *streamMetrics) Collect(ch chan<- prometheus.Metric) {
 // Write implements audit.Sink: it counts e.
 func (sm *streamMetrics) Write(_ context.Context, e audit.Entry) error {
 	sm.count(e)
+	return nil
+}
+
+// WriteBatch implements audit.BatchSink: the audit writer hands over one
+// batch (group commit); count it and its entries.
+func (sm *streamMetrics) WriteBatch(_ context.Context, b *audit.Batch) error {
+	sm.batches.Inc()
+	sm.batchSize.Observe(float64(len(b.Entries)))
+	for _, e := range b.Entries {
+		sm.count(e)
+	}
 	return nil
 }
 

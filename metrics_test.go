@@ -144,9 +144,7 @@ func TestMetricsMoveUnderCalls(t *testing.T) {
 	if r := callTool("observe", map[string]any{}); r.IsError {
 		t.Fatalf("observe: %+v", r.Content)
 	}
-	if f, ok := any(srv.Lapd.Audit()).(interface{ Flush(context.Context) error }); ok {
-		_ = f.Flush(ctx)
-	}
+	_ = srv.Lapd.Audit().Flush(ctx) // the audit writer is asynchronous
 
 	fams, text := scrape(t, adm.URL, "")
 	checks := []struct {
@@ -177,6 +175,10 @@ func TestMetricsMoveUnderCalls(t *testing.T) {
 		{"lapd_kept_budget_bytes", []string{"part", "tab-buffers"}, lapd.DefaultMaxKeptBytes / 4},
 		{"lapd_kept_shed_total", []string{"part", "idempotency"}, 0},
 		{"lapd_approvals_pending", nil, 0},
+		{"lapd_audit_batches_total", nil, 1},
+		{"lapd_audit_batch_entries", nil, 1},
+		{"lapd_audit_queue_entries", nil, 0},
+		{"lapd_audit_dropped_total", nil, 0},
 	}
 	for _, c := range checks {
 		if v := value(fams, c.name, c.labels...); v < c.min {
@@ -320,6 +322,7 @@ func TestReadyz(t *testing.T) {
 	}
 	fail.on.Store(true)
 	srv.Lapd.Audit().Record(context.Background(), audit.Entry{Event: audit.EventMint})
+	_ = srv.Lapd.Audit().Flush(ctxT(t)) // the audit writer is asynchronous
 	st, m := get()
 	if st != 503 || m["status"] != "not-ready" || !strings.Contains(checkDetail(m, "audit"), "audit sink failed") {
 		t.Errorf("readyz with a failing sink: %d %v", st, m)

@@ -50,8 +50,11 @@ func (s *Server) openStores(cfg Config) (tokens.Store, confirm.Store, error) {
 			if err != nil {
 				return nil, nil, fmt.Errorf("lapd: token store: %w", err)
 			}
-			tstore = ts
-			s.closers = append(s.closers, ts)
+			// Records in memory in front of SQLite: a LAP call reads and
+			// writes no token row (tokens.CachedStore says what that costs).
+			cs := tokens.NewCachedStore(ts, tokens.CacheConfig{Clock: cfg.Clock})
+			tstore = cs
+			s.closers = append(s.closers, cs)
 		}
 		if cfg.ConfirmStore == nil {
 			cs, err := confirm.NewSQLiteStore(db)
@@ -99,6 +102,7 @@ func (s *Server) openAuditSinks(cfg Config) ([]audit.Sink, error) {
 		if err != nil {
 			return nil, fmt.Errorf("lapd: audit file: %w", err)
 		}
+		fs.SetRetention(cfg.AuditRetention)
 		sinks = append(sinks, fs)
 		if s.auditQuerier == nil {
 			s.auditQuerier = fs
@@ -114,6 +118,7 @@ func (s *Server) openAuditSinks(cfg Config) ([]audit.Sink, error) {
 			closeSinks(sinks[len(cfg.AuditSinks):])
 			return nil, fmt.Errorf("lapd: audit sqlite sink: %w", err)
 		}
+		ss.SetRetention(cfg.AuditRetention)
 		sinks = append(sinks, ss)
 		s.auditQuerier = ss
 	}

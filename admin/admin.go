@@ -317,15 +317,9 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, status int, cod
 	ip := clientIP(r)
 	e := audit.Entry{Event: ev, Detail: map[string]any{"endpoint": r.URL.Path, "status": status, "code": code, "ip": ip}}
 	ctx := context.WithoutCancel(r.Context())
-	// A flood of refusals costs a bounded number of audit writes per client
-	// IP when the audit log can summarise (issue #7's RecordLimited).
-	if rl, ok := any(h.cfg.Audit).(interface {
-		RecordLimited(context.Context, string, audit.Entry)
-	}); ok {
-		rl.RecordLimited(ctx, "ip:"+ip, e)
-	} else {
-		h.cfg.Audit.Record(ctx, e)
-	}
+	// A flood of refusals costs a bounded number of audit writes per
+	// client IP (summarised, never dropped silently).
+	h.cfg.Audit.RecordLimited(ctx, "ip:"+ip, e)
 	writeErr(w, status, code, detail)
 }
 

@@ -60,6 +60,7 @@ func (b *fakeBackend) Audit(_ context.Context, f audit.Filter) ([]audit.Entry, e
 
 // recorder is an audit sink kept in memory.
 type recorder struct {
+	log     *audit.Log // flushed before reading: the audit writer is asynchronous
 	mu      sync.Mutex
 	entries []audit.Entry
 }
@@ -72,7 +73,15 @@ func (r *recorder) Write(_ context.Context, e audit.Entry) error {
 }
 func (r *recorder) Close() error { return nil }
 
+func (r *recorder) all() []audit.Entry {
+	_ = r.log.Flush(context.Background())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]audit.Entry(nil), r.entries...)
+}
+
 func (r *recorder) events() []string {
+	_ = r.log.Flush(context.Background())
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []string
@@ -88,6 +97,7 @@ func newConsole(t *testing.T, token string, b admin.Backend) (*admin.Handler, *r
 	t.Helper()
 	rec := &recorder{}
 	log := audit.New(audit.Config{Sinks: []audit.Sink{rec}})
+	rec.log = log
 	t.Cleanup(func() { log.Close() })
 	h, err := admin.New(admin.Config{Backend: b, Token: token, Audit: log})
 	if err != nil {
@@ -158,7 +168,7 @@ func TestTokenRequired(t *testing.T) {
 	if n := strings.Count(strings.Join(ev, " "), "auth-failed:bad-token"); n != 4 {
 		t.Errorf("audit: %v, want 4 auth-failed bad-token", ev)
 	}
-	for _, e := range rec.entries {
+	for _, e := range rec.all() {
 		b, _ := json.Marshal(e)
 		if strings.Contains(string(b), tok[:10]) {
 			t.Errorf("the token reached the audit: %s", b)
@@ -232,7 +242,7 @@ func TestActionsAudited(t *testing.T) {
 	if ev := strings.Join(rec.events(), " "); ev != "admin:login admin:revoke" {
 		t.Errorf("audit: %s", ev)
 	}
-	for _, e := range rec.entries {
+	for _, e := range rec.all() {
 		if e.Detail["ip"] != "127.0.0.1" {
 			t.Errorf("admin entry without the client ip: %v", e)
 		}

@@ -27,6 +27,10 @@ type call struct {
 	tid   string
 	body  []byte         // nil when absent; may be invalid JSON (treated as null)
 	audit map[string]any // lap-call detail on success
+	// outcome: the route audited the call's outcome itself (msg-dispatched,
+	// msg-blocked, confirm-proposed…), so finish writes no lap-call: one
+	// entry per call.
+	outcome bool
 }
 
 // lapHandler answers a gated call: a value to write as JSON (json.RawMessage
@@ -65,7 +69,7 @@ func (s *Server) lapCall(w http.ResponseWriter, r *http.Request, ctx context.Con
 		// (its bridge included) POSTs.
 		e := errf(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "LAP routes take POST with a JSON body")
 		w.Header().Set("Allow", http.MethodPost)
-		s.auditRefusal(ctx, "", s.cfg.BasePath+route, e)
+		s.auditRefusal(ctx, r, "", s.cfg.BasePath+route, e)
 		writeError(w, e)
 		return e.status
 	}
@@ -80,7 +84,7 @@ func (s *Server) lapCall(w http.ResponseWriter, r *http.Request, ctx context.Con
 		res, e = h(c)
 	}
 	if e != nil {
-		s.auditRefusal(c.ctx, c.tid, s.cfg.BasePath+route, e)
+		s.auditRefusal(c.ctx, r, c.tid, s.cfg.BasePath+route, e)
 		writeError(w, e)
 		return e.status
 	}
@@ -170,11 +174,21 @@ func (c *call) finish() {
 		}
 	}
 	_ = c.s.cfg.Tokens.Touch(ctx, c.tid)
+	if c.outcome {
+		return // the route's outcome entry (msg-dispatched, …) is this call's entry
+	}
 	d := c.audit
 	if d == nil {
 		d = map[string]any{"path": c.s.cfg.BasePath + c.route}
 	}
 	c.s.audit(ctx, c.tid, c.rec.UID, audit.EventLapCall, d)
+}
+
+// auditOutcome records what the call did (msg-dispatched, msg-blocked,
+// confirm-*) as the call's audit entry, in place of the lap-call.
+func (c *call) auditOutcome(event string, detail map[string]any) {
+	c.outcome = true
+	c.s.audit(c.ctx, c.tid, c.rec.UID, event, detail)
 }
 
 var activeFrame = json.RawMessage(`{"t":"active"}`)
@@ -279,19 +293,28 @@ func (s *Server) paused(ctx context.Context, tid string) *apiError {
 // rpc calls tool on the tab (timeout 0 = the registry's default) and maps a
 // failure to the wire.
 func (c *call) rpc(tool string, args any, timeout time.Duration) (json.RawMessage, *apiError) {
-	obs := c.s.cfg.Observer
-	var start time.Time
-	if obs != nil {
-		start = time.Now()
-	}
+	start := c.rpcStart()
 	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, tool, args, timeout)
-	if obs != nil {
-		obs.RPC(tool, time.Since(start), err)
-	}
+	c.rpcDone(tool, start, err)
 	if err != nil {
 		return nil, c.rpcErr(err)
 	}
 	return res, nil
+}
+
+// rpcStart and rpcDone time an RPC for the Observer (no clock read
+// without one).
+func (c *call) rpcStart() time.Time {
+	if c.s.cfg.Observer == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+func (c *call) rpcDone(tool string, start time.Time, err error) {
+	if obs := c.s.cfg.Observer; obs != nil {
+		obs.RPC(tool, time.Since(start), err)
+	}
 }
 
 // rpcErr maps a Registry error to the wire; an error after the frame was

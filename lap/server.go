@@ -44,6 +44,7 @@ import (
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/confirm"
+	"github.com/lapd-dev/lapd/internal/clientip"
 	"github.com/lapd-dev/lapd/pairing"
 	"github.com/lapd-dev/lapd/tokens"
 )
@@ -118,6 +119,11 @@ type Server struct {
 	inflight int
 	draining bool
 	idle     chan struct{}
+
+	// drainCtx is cancelled by Drain: long polls end early so that a
+	// shutdown never waits out a /wait or an approval.
+	drainCtx    context.Context
+	drainCancel context.CancelFunc
 }
 
 // New checks cfg, installs the server's pairing hooks on cfg.Registry and
@@ -185,6 +191,7 @@ func New(cfg Config) (*Server, error) {
 		idle:     make(chan struct{}),
 		tabs:     map[string]struct{}{},
 	}
+	s.drainCtx, s.drainCancel = context.WithCancel(context.Background())
 	if s.log == nil {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -282,9 +289,18 @@ func (s *Server) Drain() {
 		return
 	}
 	s.draining = true
+	s.drainCancel()
 	if s.inflight == 0 {
 		close(s.idle)
 	}
+}
+
+// pollContext is ctx bounded by d and ended by Drain: for the long polls
+// (/wait, approvals), which then answer as if their time were up.
+func (s *Server) pollContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	stop := context.AfterFunc(s.drainCtx, cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 // Draining reports whether Drain was called.
@@ -314,8 +330,10 @@ func (s *Server) audit(ctx context.Context, tid, uid, event string, detail map[s
 	s.cfg.Audit.Record(context.WithoutCancel(ctx), audit.Entry{TID: tid, UID: uid, Event: event, Detail: detail})
 }
 
-// auditRefusal records a gate refusal under the matching event.
-func (s *Server) auditRefusal(ctx context.Context, tid, endpoint string, e *apiError) {
+// auditRefusal records a gate refusal under the matching event, within the
+// client IP's audit budget (audit.Log.RecordLimited: a flood of refusals
+// becomes one counted entry per interval).
+func (s *Server) auditRefusal(ctx context.Context, r *http.Request, tid, endpoint string, e *apiError) {
 	ev := audit.EventRefused
 	switch e.code {
 	case CodeAuthFailed, CodeAuthRequired:
@@ -327,7 +345,8 @@ func (s *Server) auditRefusal(ctx context.Context, tid, endpoint string, e *apiE
 	if e.reconnect != "" {
 		d["reconnect"] = e.reconnect
 	}
-	s.audit(ctx, tid, "", ev, d)
+	d["client"] = clientIP(r, s.cfg.TrustProxy)
+	s.cfg.Audit.RecordLimited(context.WithoutCancel(ctx), "ip:"+clientip.KeyOf(r, s.cfg.TrustProxy), audit.Entry{TID: tid, Event: ev, Detail: d})
 }
 
 // Stats are the Server's gauges and counters of kept data (for metrics).

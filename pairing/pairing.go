@@ -41,27 +41,53 @@
 //
 // # Costs and limits
 //
-// Each tab costs one reader goroutine (the HTTP handler's own) and no other
-// while idle: the writer goroutine runs only while frames are queued, and one
-// registry-wide loop sends WebSocket pings (a tab that misses two is closed
-// with 4408) and sweeps closed tabs' buffers (kept for Retention, at most
-// MaxClosed). Each tab's send queue is bounded (full → closed with 4008,
-// the caller never blocks); inbound frames are capped at MaxFrame (over →
-// 1009) and rate-limited per socket (FrameRate, ByteRate: the reader waits);
-// in-flight calls and watches per tab are capped at MaxInFlight (ErrBusy).
-// What lapd keeps per tab (log ring, hello) is counted in bytes, per tid and
-// in all (BufferBytes, see budget.go). Stats exposes counters for everything
-// refused, delayed or dropped.
+// A paired tab is a goroutine only while it is busy. Its reader is a
+// goroutine of its own (the HTTP handler returns after the upgrade); when
+// nothing arrived for a second (a tick of the registry loop), the reader
+// parks the socket in an epoll set shared by all idle tabs (Linux; see
+// parker) and exits, and the tab's next frame starts a new one. The writer
+// goroutine runs only while frames are queued. A lapd.js tab sends its own
+// {t:'ping'} heartbeats and gets no WebSocket pings (it is closed with 4408
+// after two intervals and a half of silence); a tab that sends none is
+// pinged every PingInterval (two missed pongs → 4408). The socket keeps
+// 512 + 256 bytes of buffers (larger frames pass them by), and tabs that
+// sent the same hello share one copy of it. A parked idle tab costs about
+// 4.5 KiB of heap and no stack, against 8.5 KiB while a goroutine waits on
+// it (and 22.8 KiB before these changes); docs/PERFORMANCE.md has the
+// figures and why parking readers beat replacing coder/websocket with an
+// epoll-driven library.
+//
+// One registry-wide loop pings, parks and sweeps closed tabs' buffers (kept
+// for Retention, at most MaxClosed). Each tab's send queue is bounded (full
+// → closed with 4008, the caller never blocks); inbound frames are capped at
+// MaxFrame (over → 1009), rate-limited per socket (FrameRate, ByteRate:
+// the reader waits) and scanned once, never decoded (the result bytes of a
+// reply are passed through); in-flight calls and watches per tab are capped
+// at MaxInFlight (ErrBusy). What lapd keeps per tab (log ring, hello) is
+// counted in bytes, per tid and in all (BufferBytes, see budget.go; a hello
+// shared by several tabs counts for each). Stats exposes counters for
+// everything refused, delayed or dropped, and how many tabs are parked.
+//
+// # Connecting, tied to the socket
+//
+// The token is checked before the upgrade and nothing changes then
+// (tokens.Manager.CheckAcceptTab): an upgrade that fails leaves the session
+// as it was. Once the socket is up its record moves (Connected), ordered per
+// session with the disconnect of an older socket: a socket that closes while
+// a newer one is being upgraded does not mark the session pending-resume
+// under the new, live socket; the move waits for the upgrade's outcome.
 package pairing
 
 import (
+	"bytes"
 	"container/list"
 	"context"
-	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"log/slog"
+	mrand "math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,6 +136,10 @@ const (
 
 	// MaxInFlight bounds the calls plus watches waiting on one tid.
 	MaxInFlight = 1024
+	// maxExpect bounds the log entry ids a tab is expected to send back;
+	// the oldest is forgotten first (its log-append then counts as not an
+	// echo).
+	maxExpect = 64
 	// MaxLogEntry is the largest log-append entry kept in the ring (bytes);
 	// larger entries still reach Hooks.OnLogAppend.
 	MaxLogEntry = 256 << 10
@@ -159,6 +189,7 @@ type Stats struct {
 	RefusedApprovals    int64 // confirm-resolved frames refused (a socket that superseded a live tab without the tab secret)
 	ActiveTabs          int   // tids with a live socket now
 	HeldTabs            int   // tids held: live, or closed and kept for Retention
+	ParkedTabs          int   // of those, idle ones held without a reader goroutine (Linux)
 
 	BufferBytes    int64 // bytes of log rings and hellos kept now (gauge)
 	LogShed        int64 // log entries dropped early for BufferBytes
@@ -192,7 +223,12 @@ type Hooks struct {
 	OnPaired          func(tid string, repair bool) // after the socket is registered and hello-ack sent
 	OnClosed          func(tid string)              // the tab's socket is gone (not when superseded)
 	OnConfirmResolved func(tid string, r ConfirmResolved)
-	OnLogAppend       func(tid string, entry json.RawMessage) // after it is put in the ring
+	// OnLogAppend runs after a log-append entry is put in the ring. echo
+	// reports that the entry's id is one the server expected back: the id
+	// of an rpc sent to this tab (lapd.js logs every rpc it answers) or one
+	// announced with ExpectLog (a log-push) — a call the server has
+	// already accounted for.
+	OnLogAppend func(tid string, entry json.RawMessage, echo bool)
 }
 
 // Config configures a Registry. Zero values mean the documented defaults.
@@ -221,8 +257,14 @@ type Config struct {
 
 // Registry holds the paired tabs. Safe for concurrent use.
 type Registry struct {
-	cfg   Config
-	hooks atomic.Pointer[Hooks]
+	cfg    Config
+	hooks  atomic.Pointer[Hooks]
+	hellos helloTable
+	park   parker
+
+	// testHookConnect, set by a test before serving, runs in connect
+	// after a successful upgrade, before the token record moves.
+	testHookConnect func(tid string)
 
 	mu       sync.Mutex
 	sessions map[string]*session // live and recently closed tids
@@ -250,6 +292,12 @@ type Registry struct {
 type session struct {
 	tid string
 
+	// stateMu orders the token record's connect/disconnect changes for
+	// this tid with the registry's view of its sockets (see reserve).
+	stateMu       sync.Mutex
+	pending       int  // upgrades in progress (reserved, not yet registered)
+	disconnectDue bool // a socket closed while an upgrade was pending
+
 	mu          sync.Mutex
 	cur         *conn // nil when no socket
 	calls       map[string]chan callResult
@@ -262,6 +310,7 @@ type session struct {
 	rpcs        atomic.Int64      // Calls made to this tid (for the admin console)
 	ring        []json.RawMessage // oldest first, len ≤ LogRing
 	ringBytes   int               // bytes of ring
+	expect      []string          // log entry ids expected back (rpc ids, ExpectLog), oldest first, ≤ maxExpect
 	dropped     bool              // unregistered: buffers gone, nothing more is kept
 
 	closedAt   time.Time     // guarded by Registry.mu
@@ -271,6 +320,7 @@ type session struct {
 type callResult struct {
 	data json.RawMessage
 	err  error
+	buf  *bytes.Buffer // non-nil: data aliases this pooled read buffer (see Reply)
 }
 
 // New returns a Registry.
@@ -318,6 +368,7 @@ func New(cfg Config) (*Registry, error) {
 		cfg.ByteRate = DefaultByteRate
 	}
 	r := &Registry{cfg: cfg, sessions: map[string]*session{}, closed: list.New(), stop: make(chan struct{})}
+	r.park.init(r)
 	h := cfg.Hooks
 	r.hooks.Store(&h)
 	return r, nil
@@ -348,6 +399,7 @@ func (r *Registry) Stats() Stats {
 		RefusedApprovals:    r.refusedApprovals.Load(),
 		ActiveTabs:          active,
 		HeldTabs:            held,
+		ParkedTabs:          r.park.count(),
 		BufferBytes:         r.bufBytes.Load(),
 		LogShed:             r.logDropped.Load(),
 		ClosedShed:          r.closedShed.Load(),
@@ -358,6 +410,13 @@ func (r *Registry) Stats() Stats {
 		BytesIn:             r.bytesIn.Load(),
 		BytesOut:            r.bytesOut.Load(),
 	}
+}
+
+// socket returns the live socket, or nil.
+func (s *session) socket() *conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
 }
 
 func (s *session) isClosed() bool {
@@ -381,9 +440,14 @@ func (r *Registry) live(tid string) (*session, error) {
 }
 
 // newID returns a random RFC 4122 version 4 UUID.
+//
+// The ids only need to be unique (a call is matched within its own tab's
+// session), so they come from the runtime's ChaCha8 generator rather than
+// the system's entropy source (a system call per call on older kernels).
 func newID() string {
 	var b [16]byte
-	_, _ = rand.Read(b[:])
+	binary.LittleEndian.PutUint64(b[:8], mrand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], mrand.Uint64())
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	var out [36]byte
@@ -400,8 +464,8 @@ func newID() string {
 }
 
 // await registers a waiter under id in m (calls or watches) and returns its
-// channel and the socket to send on.
-func (s *session) await(m *map[string]chan callResult, id string) (chan callResult, *conn, error) {
+// channel and the socket to send on. expect: the tab will log id.
+func (s *session) await(m *map[string]chan callResult, id string, expect bool) (chan callResult, *conn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cur == nil {
@@ -415,7 +479,50 @@ func (s *session) await(m *map[string]chan callResult, id string) (chan callResu
 	}
 	ch := make(chan callResult, 1)
 	(*m)[id] = ch
+	if expect {
+		s.expectLocked(id)
+	}
 	return ch, s.cur, nil
+}
+
+// expectLocked notes that the tab will send a log entry with id.
+func (s *session) expectLocked(id string) {
+	if len(s.expect) >= maxExpect {
+		s.expect = append(s.expect[:0], s.expect[1:]...)
+	}
+	s.expect = append(s.expect, id)
+}
+
+// takeExpectedLocked reports whether id was expected, and forgets it.
+func (s *session) takeExpectedLocked(id string) bool {
+	if id == "" {
+		return false
+	}
+	for i, e := range s.expect {
+		if e == id {
+			s.expect = append(s.expect[:i], s.expect[i+1:]...)
+			if len(s.expect) == 0 {
+				s.expect = nil
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// ExpectLog tells the registry that tid's tab will send a log-append whose
+// entry id is id (the server is pushing it a log-push with that entry), so
+// that Hooks.OnLogAppend sees it as an echo.
+func (r *Registry) ExpectLog(tid, id string) {
+	r.mu.Lock()
+	s := r.sessions[tid]
+	r.mu.Unlock()
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.expectLocked(id)
+	s.mu.Unlock()
 }
 
 // retire removes id from m and delivers res; it reports false when somebody
@@ -464,13 +571,13 @@ func (p pending) fail(err error) {
 }
 
 // wait waits for ch, a timer (nil = none) or ctx, retiring id on the latter two.
-func (s *session) wait(m *map[string]chan callResult, id string, ch chan callResult, timer <-chan time.Time, ctx context.Context) (json.RawMessage, error) {
+func (s *session) wait(m *map[string]chan callResult, id string, ch chan callResult, timer <-chan time.Time, ctx context.Context) callResult {
 	var res callResult
 	select {
 	case res = <-ch:
 	case <-timer:
 		if s.retire(m, id, callResult{err: ErrTimeout}) {
-			return nil, ErrTimeout
+			return callResult{err: ErrTimeout}
 		}
 		res = <-ch
 	case <-ctx.Done():
@@ -479,11 +586,38 @@ func (s *session) wait(m *map[string]chan callResult, id string, ch chan callRes
 			err = ErrTimeout
 		}
 		if s.retire(m, id, callResult{err: err}) {
-			return nil, err
+			return callResult{err: err}
 		}
 		res = <-ch
 	}
-	return res.data, res.err
+	return res
+}
+
+// Reply is the result of a tab's rpc-reply. A large one aliases the read
+// buffer it arrived in (no copy of a 10 KiB observe result per call):
+// Release gives the buffer back once Data is no longer used, after which
+// Data must not be touched. Release may be called once; a zero Reply's is a
+// no-op.
+type Reply struct {
+	Data json.RawMessage
+	buf  *bytes.Buffer
+}
+
+// Release returns the reply's buffer for reuse.
+func (r Reply) Release() {
+	if r.buf != nil {
+		putReadBuf(r.buf)
+	}
+}
+
+// CallReply is Call returning the result without copying it out of the
+// read buffer: the caller must Release it.
+func (r *Registry) CallReply(ctx context.Context, tid, tool string, args any, timeout time.Duration) (Reply, error) {
+	res := r.call(ctx, tid, tool, args, timeout)
+	if res.err != nil {
+		return Reply{}, res.err
+	}
+	return Reply{Data: res.data, buf: res.buf}, nil
 }
 
 // Call sends {t:'rpc', id, tool, args} to tid's tab and waits for the answer.
@@ -493,40 +627,50 @@ func (s *session) wait(m *map[string]chan callResult, id string, ch chan callRes
 // ctx.Err() (and ErrClosed while shutting down, ErrBusy over MaxInFlight).
 // args may be json.RawMessage (sent as is) or any JSON-marshalable value.
 func (r *Registry) Call(ctx context.Context, tid, tool string, args any, timeout time.Duration) (json.RawMessage, error) {
+	res := r.call(ctx, tid, tool, args, timeout)
+	if res.buf != nil { // the caller owns what Call returns: copy it out
+		data := append(json.RawMessage(nil), res.data...)
+		putReadBuf(res.buf)
+		return data, res.err
+	}
+	return res.data, res.err
+}
+
+func (r *Registry) call(ctx context.Context, tid, tool string, args any, timeout time.Duration) callResult {
 	if timeout <= 0 {
 		timeout = r.cfg.RPCTimeout
 	}
 	s, err := r.live(tid)
 	if err != nil {
-		return nil, err
+		return callResult{err: err}
 	}
 	s.rpcs.Add(1)
 	id := newID()
 	frame, err := rpcFrame(id, tool, args, audit.RequestID(ctx))
 	if err != nil {
-		return nil, err
+		return callResult{err: err}
 	}
-	ch, c, err := s.await(&s.calls, id)
+	ch, c, err := s.await(&s.calls, id, true)
 	if err != nil {
-		return nil, err
+		return callResult{err: err}
 	}
 	sent := true
 	if err := c.enqueue(frame); err != nil {
 		// The socket went away between await and enqueue: its close (or a
 		// successor) retires the call; if nobody has yet, we do.
 		if s.retire(&s.calls, id, callResult{err: ErrPaused}) {
-			return nil, ErrPaused
+			return callResult{err: ErrPaused}
 		}
 		sent = false
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
-	res, err := s.wait(&s.calls, id, ch, t.C, ctx)
+	res := s.wait(&s.calls, id, ch, t.C, ctx)
 	var re *RPCError
-	if err != nil && sent && !errors.As(err, &re) {
-		err = inDoubt{err}
+	if res.err != nil && sent && !errors.As(res.err, &re) {
+		res.err = inDoubt{res.err} // the tab may have run it: see inDoubt
 	}
-	return res, err
+	return res
 }
 
 // Push queues a server→tab frame (any JSON-marshalable value with a "t"
@@ -556,7 +700,9 @@ func (r *Registry) IsPaired(tid string) bool {
 	return err == nil && !s.isClosed()
 }
 
-// Hello returns tid's cached hello (kept for Retention after the socket closes).
+// Hello returns tid's cached hello (kept for Retention after the socket
+// closes). Tabs that sent identical hellos share one copy: the RawMessage
+// fields must not be changed.
 func (r *Registry) Hello(tid string) (Hello, bool) {
 	r.mu.Lock()
 	s := r.sessions[tid]
@@ -602,7 +748,7 @@ func (r *Registry) Watch(ctx context.Context, tid, path string) (json.RawMessage
 		return nil, err
 	}
 	id := newID()
-	ch, c, err := s.await(&s.watches, id)
+	ch, c, err := s.await(&s.watches, id, false)
 	if err != nil {
 		return nil, err
 	}
@@ -617,7 +763,8 @@ func (r *Registry) Watch(ctx context.Context, tid, path string) (json.RawMessage
 			return nil, ErrPaused
 		}
 	}
-	res, err := s.wait(&s.watches, id, ch, nil, ctx)
+	wr := s.wait(&s.watches, id, ch, nil, ctx)
+	res, err := wr.data, wr.err
 	s.mu.Lock()
 	c = s.cur
 	s.mu.Unlock()
@@ -710,6 +857,7 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 	s.dropped = true
 	s.failAllLocked(ErrPaused)
 	r.bufBytes.Add(-int64(s.releaseBuffersLocked()))
+	s.expect = nil
 	s.mu.Unlock()
 	if c == nil {
 		return
@@ -718,19 +866,34 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 		_ = c.enqueue([]byte(`{"t":"revoked"}`))
 	}
 	c.close(code, reason)
-	r.afterClose(tid, auditReason)
+	r.afterClose(s, auditReason)
 }
 
-// afterClose runs when tid lost its socket for good (not superseded).
-func (r *Registry) afterClose(tid, reason string) {
+// afterClose runs when s lost its socket for good (not superseded). The
+// token record moves to pending-resume only if no newer socket of s is
+// registered or being upgraded; with an upgrade pending, the move waits
+// for its outcome (connect or unreserve).
+func (r *Registry) afterClose(s *session, reason string) {
+	s.stateMu.Lock()
+	if s.socket() == nil {
+		if s.pending > 0 {
+			s.disconnectDue = true
+		} else {
+			r.markDisconnected(s.tid)
+		}
+	}
+	s.stateMu.Unlock()
+	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: s.tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason}})
+	if h := r.hooks.Load(); h.OnClosed != nil {
+		h.OnClosed(s.tid)
+	}
+}
+
+// markDisconnected moves tid's record to pending-resume. Caller holds the
+// session's stateMu.
+func (r *Registry) markDisconnected(tid string) {
 	if _, err := r.cfg.Tokens.Disconnected(context.Background(), tid); err != nil {
 		r.cfg.Logger.Warn("pairing: marking the token pending-resume failed", "tid", tid, "err", err)
-	}
-	// Audited before the hook runs, so that whoever the hook tells finds
-	// the entry (TestHeartbeatClosesDeadTab read the audit in between).
-	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason}})
-	if h := r.hooks.Load(); h.OnClosed != nil {
-		h.OnClosed(tid)
 	}
 }
 
@@ -757,9 +920,11 @@ func (r *Registry) Shutdown(ctx context.Context) error {
 	for _, c := range conns {
 		c.close(CloseRestart, "server restarting")
 	}
+	r.park.stop()
 	done := make(chan struct{})
 	go func() {
 		r.wg.Wait()
+		r.park.closeFDs()
 		close(done)
 	}()
 	select {

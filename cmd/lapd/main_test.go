@@ -444,3 +444,29 @@ func TestAdminFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestParseRetention(t *testing.T) {
+	tests := []struct {
+		in      string
+		age     time.Duration
+		size    int64
+		wantErr bool
+	}{
+		{"30d,1GiB", 30 * 24 * time.Hour, 1 << 30, false},
+		{"12h", 12 * time.Hour, 0, false},
+		{"500MB", 0, 500e6, false},
+		{"64KiB, 7d", 7 * 24 * time.Hour, 64 << 10, false},
+		{"off", 0, 0, false},
+		{"30", 0, 0, true},
+		{"1GiB,2GiB", 0, 0, true},
+		{"-1h", 0, 0, true},
+		{"3.5d", 0, 0, true},
+		{"tenGB", 0, 0, true},
+	}
+	for _, tt := range tests {
+		r, err := parseRetention(tt.in)
+		if (err != nil) != tt.wantErr || (!tt.wantErr && (r.MaxAge != tt.age || r.MaxBytes != tt.size)) {
+			t.Errorf("parseRetention(%q) = %+v, %v", tt.in, r, err)
+		}
+	}
+}

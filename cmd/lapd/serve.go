@@ -37,6 +37,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	if err != nil {
 		return err
 	}
+	if c.Pprof != "" {
+		stopPprof, err := startPprof(c.Pprof, log)
+		if err != nil {
+			return err
+		}
+		defer stopPprof()
+	}
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (choose another with --addr or LAPD_ADDR)", c.Addr, err)
@@ -243,6 +250,7 @@ func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config,
 	if c.Store == "memory" {
 		acfg.DataDir = ""
 	}
+	acfg.AuditRetention, _ = parseRetention(c.AuditRetention) // checked by parseServeFlags
 	switch c.AllowAnonymous {
 	case "true":
 		acfg.AllowAnonymous = true
