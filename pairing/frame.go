@@ -400,9 +400,10 @@ func (c *conn) hello(f inFrame) {
 	}
 }
 
-// rpcFrame builds {t:'rpc', id, tool, args}; json.RawMessage args are
+// rpcFrame builds {t:'rpc', id, tool, args} plus lapd's optional rid (the
+// request id of the call that made it; "" = none); json.RawMessage args are
 // inserted as is ({} when empty).
-func rpcFrame(id, tool string, args any) ([]byte, error) {
+func rpcFrame(id, tool string, args any, rid string) ([]byte, error) {
 	var a []byte
 	switch v := args.(type) {
 	case json.RawMessage:
@@ -428,6 +429,11 @@ func rpcFrame(id, tool string, args any) ([]byte, error) {
 	b = append(b, toolJSON...)
 	b = append(b, `,"args":`...)
 	b = append(b, a...)
+	if rid != "" && audit.ValidRequestID(rid) { // nothing to escape
+		b = append(b, `,"rid":"`...)
+		b = append(b, rid...)
+		b = append(b, '"')
+	}
 	b = append(b, '}')
 	return b, nil
 }

@@ -189,6 +189,7 @@ type Stats struct {
 	QueueOverflowCloses int64 // sockets closed with 4008
 	RefusedApprovals    int64 // confirm-resolved frames refused (a socket that superseded a live tab without the tab secret)
 	ActiveTabs          int   // tids with a live socket now
+	HeldTabs            int   // tids held: live, or closed and kept for Retention
 	ParkedTabs          int   // of those, idle ones held without a reader goroutine (Linux)
 
 	BufferBytes    int64 // bytes of log rings and hellos kept now (gauge)
@@ -196,6 +197,9 @@ type Stats struct {
 	ClosedShed     int64 // closed tabs whose buffers were dropped early for BufferBytes
 	Throttled      int64 // inbound frames delayed by the per-socket rate
 	OverloadCloses int64 // sockets closed with 1013: their hello did not fit BufferBytes
+
+	FramesIn, FramesOut int64 // WebSocket messages read from and written to tabs
+	BytesIn, BytesOut   int64 // their payload bytes
 }
 
 // ConfirmResolved is a tab's confirm-resolved frame.
@@ -276,10 +280,11 @@ type Registry struct {
 	superseded, hbCloses, overflowCloses        atomic.Int64
 	refusedApprovals                            atomic.Int64
 
-	bufBytes                          atomic.Int64 // rings and hellos kept
-	logDropped, closedShed, throttled atomic.Int64
-	overloadCloses                    atomic.Int64
-	lastShedLog                       time.Time // guarded by mu
+	bufBytes                               atomic.Int64 // rings and hellos kept
+	logDropped, closedShed, throttled      atomic.Int64
+	overloadCloses                         atomic.Int64
+	lastShedLog                            time.Time // guarded by mu
+	framesIn, framesOut, bytesIn, bytesOut atomic.Int64
 }
 
 // session is everything lapd keeps per tid: the live socket (if any), the
@@ -303,6 +308,7 @@ type session struct {
 	connectedAt int64
 	lastHB      int64
 	accepts     int
+	rpcs        atomic.Int64      // Calls made to this tid (for the admin console)
 	ring        []json.RawMessage // oldest first, len ≤ LogRing
 	ringBytes   int               // bytes of ring
 	expect      []string          // log entry ids expected back (rpc ids, ExpectLog), oldest first, ≤ maxExpect
@@ -376,7 +382,7 @@ func (r *Registry) SetHooks(h Hooks) { r.hooks.Store(&h) }
 // Stats returns the registry's counters.
 func (r *Registry) Stats() Stats {
 	r.mu.Lock()
-	active := 0
+	active, held := 0, len(r.sessions)
 	for _, s := range r.sessions {
 		if s.closedElem == nil && !s.isClosed() {
 			active++
@@ -393,12 +399,17 @@ func (r *Registry) Stats() Stats {
 		QueueOverflowCloses: r.overflowCloses.Load(),
 		RefusedApprovals:    r.refusedApprovals.Load(),
 		ActiveTabs:          active,
+		HeldTabs:            held,
 		ParkedTabs:          r.park.count(),
 		BufferBytes:         r.bufBytes.Load(),
 		LogShed:             r.logDropped.Load(),
 		ClosedShed:          r.closedShed.Load(),
 		Throttled:           r.throttled.Load(),
 		OverloadCloses:      r.overloadCloses.Load(),
+		FramesIn:            r.framesIn.Load(),
+		FramesOut:           r.framesOut.Load(),
+		BytesIn:             r.bytesIn.Load(),
+		BytesOut:            r.bytesOut.Load(),
 	}
 }
 
@@ -611,6 +622,8 @@ func (r *Registry) CallReply(ctx context.Context, tid, tool string, args any, ti
 }
 
 // Call sends {t:'rpc', id, tool, args} to tid's tab and waits for the answer.
+// The frame also carries rid, the request id of ctx (audit.WithRequestID),
+// when there is one: an optional field a tab may ignore.
 // timeout 0 = Config.RPCTimeout. Errors: ErrPaused, ErrTimeout, *RPCError,
 // ctx.Err() (and ErrClosed while shutting down, ErrBusy over MaxInFlight).
 // args may be json.RawMessage (sent as is) or any JSON-marshalable value.
@@ -632,8 +645,9 @@ func (r *Registry) call(ctx context.Context, tid, tool string, args any, timeout
 	if err != nil {
 		return callResult{err: err}
 	}
+	s.rpcs.Add(1)
 	id := newID()
-	frame, err := rpcFrame(id, tool, args)
+	frame, err := rpcFrame(id, tool, args, audit.RequestID(ctx))
 	if err != nil {
 		return callResult{err: err}
 	}
