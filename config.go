@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
 	"github.com/lapd-dev/lapd/audit"
@@ -58,6 +59,9 @@ type Config struct {
 	AuditStdout bool         // JSONL on stdout
 	AuditSQLite bool         // audit_entries table in lapd.db (needs the sqlite store, or a DataDir in a cluster)
 	AuditNATS   bool         // the cluster's JetStream stream "<ClusterName>_audit" (needs NATSURL or NATSConn)
+	// AuditRetention bounds what the file and SQLite sinks keep (zero =
+	// everything); the stdout stream is not bounded here.
+	AuditRetention audit.Retention
 
 	// Who may mint. Identity names the human behind a meta request (mint,
 	// resume, revoke, sessions) from the host app's own session: wrap your
@@ -116,6 +120,31 @@ type Config struct {
 	// hellos). Each part sheds (the heaviest session's oldest data first),
 	// logs and counts when over; Stats reports it.
 	MaxKeptBytes int64
+
+	// Admin is the operator's side that AdminHandler serves: Prometheus
+	// metrics, pprof, health and the admin console (docs/OPERATING.md).
+	Admin AdminConfig
+}
+
+// AdminConfig configures AdminHandler. Serve AdminHandler on a listener of
+// its own (lapd serve --admin-addr does), never in Handler's mux: it is for
+// the people who run lapd, not for the app's users.
+type AdminConfig struct {
+	// Enabled turns on what AdminHandler serves: the hot-path metrics (a
+	// counter and a latency histogram per route, RPC tool and MCP tool;
+	// their cost is measured in docs/PERFORMANCE.md), the counters read
+	// from the audit stream, and, when no audit sink can be read back, an
+	// in-memory ring of the latest audit entries for the console. Without
+	// it AdminHandler answers 404 outside /healthz and /readyz.
+	Enabled bool
+	// Token, when set, is required on every AdminHandler request but the
+	// health checks (Authorization: Bearer; at least 16 characters,
+	// compared in constant time). Empty: only loopback clients, with a
+	// loopback Host header, are served.
+	Token string
+	// Registerer, if set, also gets lapd's own collectors (not the Go
+	// runtime's), to serve them from a /metrics of your own as well.
+	Registerer prometheus.Registerer
 }
 
 // DefaultMaxKeptBytes is the default of Config.MaxKeptBytes.

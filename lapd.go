@@ -3,7 +3,6 @@ package lapd
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +11,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -45,6 +45,14 @@ type Server struct {
 	perim    *perimeter
 	handler  http.Handler
 
+	version      string
+	started      time.Time
+	metrics      *metrics      // nil unless Admin.Enabled
+	auditQuerier audit.Querier // where the admin console reads the audit; nil = nowhere
+	auditHealth  auditHealth
+	adminHandler http.Handler
+	budgets      keptBudgets // the parts' byte budgets, for /metrics
+
 	db      *sql.DB
 	closers []io.Closer
 	nc      *nats.Conn // the cluster's NATS connection; nil on a single node
@@ -60,13 +68,17 @@ type Server struct {
 // error whatever was opened is closed again. ctx bounds start-up only (e.g.
 // loading pending approvals from the store); the Server runs until Shutdown.
 func New(ctx context.Context, cfg Config) (_ *Server, err error) {
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	s := &Server{cfg: cfg, log: cfg.Logger, version: cfg.Version}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	// Tokens are never logged: whatever reaches a log line (an error with a
 	// URL in it, a header) has agent tokens and tab secrets cut out.
 	s.log = slog.New(redact.Handler(s.log.Handler()))
+	if s.version == "" {
+		s.version = Version()
+	}
+	s.started = s.now()
 	defer func() {
 		if err != nil {
 			if s.audit == nil { // the sinks we were given are ours to close
@@ -92,6 +104,15 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Admin.Enabled {
+		s.metrics = newMetrics()
+		sinks = append(sinks, s.metrics.stream)
+		if s.auditQuerier == nil {
+			ring := newAuditRing(defaultAuditRingBytes)
+			sinks = append(sinks, ring)
+			s.auditQuerier = ring
+		}
+	}
 	s.audit = audit.New(audit.Config{Sinks: sinks, Logger: s.log, Clock: cfg.Clock})
 
 	kept := cfg.MaxKeptBytes
@@ -99,6 +120,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		kept = DefaultMaxKeptBytes
 	}
 	share := func(div int64) int { return int(max(kept/div, 1<<20)) }
+	s.budgets = keptBudgets{tabBuffers: share(4), idempotency: share(4), policies: share(8), outcomes: share(8), payloads: share(8)}
 	if s.tokens, err = tokens.NewManager(tokens.Config{Store: tstore, TTL: cfg.TokenTTL, SlidingTTL: cfg.SlidingTTL, Grace: cfg.Grace, Clock: cfg.Clock}); err != nil {
 		return nil, err
 	}
@@ -141,16 +163,13 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Identity: cfg.Identity, AllowAnonymous: cfg.AllowAnonymous, CORSOrigins: cfg.Origins,
 		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL, Clock: cfg.Clock,
 		IdemBytes: share(4), IdemBytesPerTID: min(lap.DefaultIdemBytesPerTID, share(4)), PolicyCacheBytes: share(8),
+		Observer: s.lapObserver(),
 	}); err != nil {
 		return nil, err
 	}
 	s.confirm.SetOnExpire(s.lap.OnConfirmExpire)
 
 	if !cfg.DisableMCP {
-		version := cfg.Version
-		if version == "" {
-			version = Version()
-		}
 		var bcfg mcp.BindingsConfig
 		if s.nc != nil {
 			shared, err := openNATSBindings(ctx, s.nc, s.cluster+"_mcp")
@@ -160,8 +179,8 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			bcfg.Shared = shared
 		}
 		if s.mcp, err = mcp.NewHTTPHandler(mcp.HTTPConfig{
-			Config: mcp.Config{Client: s.lap.Client(), Tools: cfg.MCPTools, Logger: s.log.With("component", "mcp"), Name: "lapd", Version: version,
-				Bindings: bcfg},
+			Config: mcp.Config{Client: s.lap.Client(), Tools: cfg.MCPTools, Logger: s.log.With("component", "mcp"), Name: "lapd", Version: s.version,
+				Observer: s.mcpObserver(), Bindings: bcfg},
 			AllowedOrigins: cfg.Origins,
 			AllowedHosts:   s.servedHosts(),
 			TrustProxy:     cfg.TrustProxy,
@@ -170,9 +189,62 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
+	if s.metrics != nil && s.mcp != nil {
+		s.metrics.addTools(s.mcp.Executor().Tools())
+	}
 	s.perim = newPerimeter(s.routes(), s.servedHosts(), cfg.BodyReadTimeout, s.audit)
 	s.handler = s.perim
+	if err := s.buildAdmin(); err != nil {
+		return nil, err
+	}
+	if s.metrics != nil {
+		if err := s.registerMetrics(); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
+}
+
+// now is the Server's clock.
+func (s *Server) now() time.Time {
+	if s.cfg.Clock != nil {
+		return s.cfg.Clock()
+	}
+	return time.Now()
+}
+
+// lapObserver and mcpObserver are the metrics, or nil (an interface holding
+// a nil *metrics would not be nil).
+func (s *Server) lapObserver() lap.Observer {
+	if s.metrics == nil {
+		return nil
+	}
+	return s.metrics
+}
+
+func (s *Server) mcpObserver() mcp.Observer {
+	if s.metrics == nil {
+		return nil
+	}
+	return s.metrics
+}
+
+// registerMetrics fills the admin registry (lapd's collectors and the Go
+// runtime's) and the caller's Registerer (lapd's only).
+func (s *Server) registerMetrics() error {
+	c := newCollector(s)
+	if err := s.metrics.register(s.metrics.reg, c); err != nil {
+		return fmt.Errorf("lapd: metrics: %w", err)
+	}
+	if err := registerRuntime(s.metrics.reg); err != nil {
+		return fmt.Errorf("lapd: metrics: %w", err)
+	}
+	if r := s.cfg.Admin.Registerer; r != nil {
+		if err := s.metrics.register(r, newCollector(s)); err != nil {
+			return fmt.Errorf("lapd: Admin.Registerer: %w", err)
+		}
+	}
+	return nil
 }
 
 // cleanPrefix turns "" into the default "/agent", "/" into "" (routes at the
@@ -205,6 +277,7 @@ func (s *Server) routes() http.Handler {
 		mux.Handle(p+"/mcp", s.mcp)
 	}
 	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
 	if s.cfg.Demo {
 		mux.Handle("/", examples.Handler())
 		mux.Handle("/demo/save", examples.SaveHandler())
@@ -238,7 +311,8 @@ func clientHandler(prefix string) http.Handler {
 //	{Prefix}/lap/v1/…            LAP v2 (observe, message, …)
 //	{Prefix}/mcp                 MCP Streamable HTTP (unless DisableMCP)
 //	{Prefix}/client.js, .d.ts    the browser client
-//	GET /healthz                 {"status":"ok","tabs":N}; 503 while shutting down
+//	GET /healthz                 liveness: {"status":"ok","tabs":N}; 503 while shutting down
+//	GET /readyz                  readiness: store, audit, draining (see AdminHandler for the rest)
 //	/ and /demo/save             the demo app (with Demo)
 //
 // In a mux of your own, route {Prefix}/ to it (and /healthz if you want it):
@@ -274,25 +348,22 @@ func (s *Server) MCP() *mcp.HTTPHandler { return s.mcp }
 // revoke is audited. tokens.ErrForbidden if tid is unknown.
 func (s *Server) Revoke(ctx context.Context, tid string) error { return s.lap.Revoke(ctx, tid) }
 
-func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	if s.lap.Draining() {
-		w.Header().Set("Retry-After", "5")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte(`{"status":"shutting-down"}`))
-		return
-	}
-	b, _ := json.Marshal(map[string]any{"status": "ok", "tabs": s.lap.PairedTabs()})
-	_, _ = w.Write(b)
-}
-
-// Shutdown stops lapd gracefully: it closes the MCP sessions, drains LAP
-// (new calls get 503 shutting-down), waits for the calls in flight (bounded
-// by ctx), closes every tab with 1012 so it reconnects to the next process,
-// then closes confirm, the stores and audit (flushing every sink). Call it
-// before the http.Server's own Shutdown, so in-flight calls still have a
-// listener. Calling it again returns the first call's result.
+// Shutdown stops lapd gracefully, within ctx's deadline, in this order:
+//
+//  1. Close the MCP sessions; drain LAP: new calls get 503 shutting-down,
+//     long polls (/wait, approvals) end at once; wait for the calls in
+//     flight, for at most half of the time left.
+//  2. Close every tab with 1012 (it reconnects to the next process); calls
+//     still waiting on a tab fail with 503 shutting-down.
+//  3. Wait for the last calls with the rest of the time.
+//  4. Close confirm, the stores, and the audit log last: it writes every
+//     queued entry before its sinks close, so no entry of steps 1–3 is lost.
+//
+// It returns an error when ctx ran out before step 3 ended (everything is
+// closed anyway; an entry recorded after that is logged instead, see
+// audit.Log.Close). Call it before the http.Server's own Shutdown, so
+// in-flight calls still have a listener. Calling it again returns the first
+// call's result.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutOnce.Do(func() { s.shutErr = s.shutdown(ctx) })
 	return s.shutErr
@@ -300,21 +371,36 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 func (s *Server) shutdown(ctx context.Context) error {
 	var errs []error
+	half, cancel := halfOf(ctx)
+	defer cancel()
 	if s.mcp != nil {
-		if err := s.mcp.Close(ctx); err != nil {
+		if err := s.mcp.Close(half); err != nil {
 			errs = append(errs, fmt.Errorf("closing MCP sessions: %w", err))
 		}
 	}
 	s.lap.Drain()
 	s.perim.cutBodies()
-	if err := s.lap.WaitIdle(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("waiting for in-flight calls: %w", err))
+	if err := s.lap.WaitIdle(half); err != nil {
+		s.log.Warn("shutdown: calls still in flight after half the shutdown time; closing the tabs", "err", err)
 	}
 	if err := s.registry.Shutdown(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("closing tabs: %w", err))
 	}
+	if err := s.lap.WaitIdle(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("waiting for in-flight calls: %w", err))
+	}
 	errs = append(errs, s.closeAll())
 	return errors.Join(errs...)
+}
+
+// halfOf is ctx with half of its remaining time (ctx itself when it has no
+// deadline).
+func halfOf(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Until(d)/2)
 }
 
 // closeAll closes what New opened, last first, then audit, then the database.

@@ -87,8 +87,11 @@ func (s *Server) openStores(ctx context.Context, cfg Config) (tokens.Store, conf
 			if err != nil {
 				return nil, nil, fmt.Errorf("lapd: token store: %w", err)
 			}
-			tstore = ts
-			s.closers = append(s.closers, ts)
+			// Records in memory in front of SQLite: a LAP call reads and
+			// writes no token row (tokens.CachedStore says what that costs).
+			cs := tokens.NewCachedStore(ts, tokens.CacheConfig{Clock: cfg.Clock})
+			tstore = cs
+			s.closers = append(s.closers, cs)
 		}
 		if cfg.ConfirmStore == nil {
 			cs, err := confirm.NewSQLiteStore(db)
@@ -161,6 +164,11 @@ func (keepOpen) Close() error { return nil }
 // a JSONL file, the audit_entries table in lapd.db).
 func (s *Server) openAuditSinks(ctx context.Context, cfg Config) ([]audit.Sink, error) {
 	sinks := append([]audit.Sink(nil), cfg.AuditSinks...)
+	for _, k := range sinks {
+		if q, ok := k.(*audit.SQLiteSink); ok && s.auditQuerier == nil {
+			s.auditQuerier = q // the admin console reads the audit here
+		}
+	}
 	if cfg.AuditStdout {
 		sinks = append(sinks, audit.NewJSONLSink(os.Stdout))
 	}
@@ -169,7 +177,11 @@ func (s *Server) openAuditSinks(ctx context.Context, cfg Config) ([]audit.Sink, 
 		if err != nil {
 			return nil, fmt.Errorf("lapd: audit file: %w", err)
 		}
+		fs.SetRetention(cfg.AuditRetention)
 		sinks = append(sinks, fs)
+		if s.auditQuerier == nil {
+			s.auditQuerier = fs
+		}
 	}
 	if cfg.AuditNATS {
 		if s.nc == nil {
@@ -193,7 +205,9 @@ func (s *Server) openAuditSinks(ctx context.Context, cfg Config) ([]audit.Sink, 
 			closeSinks(sinks[len(cfg.AuditSinks):])
 			return nil, fmt.Errorf("lapd: audit sqlite sink: %w", err)
 		}
+		ss.SetRetention(cfg.AuditRetention)
 		sinks = append(sinks, ss)
+		s.auditQuerier = ss
 	}
 	return sinks, nil
 }

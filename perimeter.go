@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/clientip"
 	"github.com/lapd-dev/lapd/internal/hostguard"
 )
 
@@ -57,7 +58,9 @@ func newPerimeter(next http.Handler, hosts []string, timeout time.Duration, al *
 
 func (p *perimeter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !p.guard.Allowed(r) {
-		p.audit.Record(context.WithoutCancel(r.Context()), audit.Entry{Event: audit.EventRefused, Detail: map[string]any{
+		// Within the client's audit budget: a flood of refusals becomes one
+		// counted entry per interval (audit.Log.RecordLimited).
+		p.audit.RecordLimited(context.WithoutCancel(r.Context()), "ip:"+clientip.KeyOf(r, 0), audit.Entry{Event: audit.EventRefused, Detail: map[string]any{
 			"endpoint": r.URL.Path, "status": http.StatusForbidden, "code": "forbidden-host", "host": r.Host}})
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusForbidden)

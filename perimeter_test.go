@@ -18,8 +18,9 @@ import (
 
 // sink records audit entries.
 type sink struct {
-	mu sync.Mutex
-	es []audit.Entry
+	mu  sync.Mutex
+	es  []audit.Entry
+	log *audit.Log // flushed before reading (the audit log writes asynchronously)
 }
 
 func (s *sink) Write(_ context.Context, e audit.Entry) error {
@@ -30,6 +31,9 @@ func (s *sink) Write(_ context.Context, e audit.Entry) error {
 }
 func (s *sink) Close() error { return nil }
 func (s *sink) find(match func(audit.Entry) bool) []audit.Entry {
+	if s.log != nil {
+		_ = s.log.Flush(context.Background())
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []audit.Entry
@@ -71,8 +75,9 @@ func do(t *testing.T, method, url, host, body string, hdr ...string) (int, http.
 func TestDNSRebindingRefusedOnEveryRoute(t *testing.T) {
 	t.Parallel()
 	s := &sink{}
-	_, srv, _ := start(t, lapd.Config{AllowAnonymous: true, Demo: true, AuditSinks: []audit.Sink{s},
+	l, srv, _ := start(t, lapd.Config{AllowAnonymous: true, Demo: true, AuditSinks: []audit.Sink{s},
 		Hosts: []string{"lapd.test"}, PublicURL: "https://public.example"})
+	s.log = l.Audit()
 	token, _ := mint(t, srv.URL)
 	routes := []struct {
 		method, path, body string

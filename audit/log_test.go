@@ -52,6 +52,22 @@ func (s *memSink) all() []audit.Entry {
 	return append([]audit.Entry(nil), s.entries...)
 }
 
+// flush waits until l has written everything recorded so far.
+func flush(t *testing.T, l *audit.Log) {
+	t.Helper()
+	if err := l.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// closeLog closes l (writing everything queued) and fails on an error.
+func closeLog(t *testing.T, l *audit.Log) {
+	t.Helper()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestEntryWireShape(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -73,6 +89,7 @@ func TestEntryWireShape(t *testing.T) {
 		var buf bytes.Buffer
 		l := audit.New(audit.Config{Sinks: []audit.Sink{audit.NewJSONLSink(&buf)}})
 		l.Record(t.Context(), tt.e)
+		closeLog(t, l)
 		if got := buf.String(); got != tt.want+"\n" {
 			t.Errorf("%s:\n got %s\nwant %s", tt.name, got, tt.want)
 		}
@@ -86,6 +103,7 @@ func TestRecordStampsAt(t *testing.T) {
 	l := audit.New(audit.Config{Sinks: []audit.Sink{sink}, Clock: func() time.Time { return now }})
 	l.Record(t.Context(), audit.Entry{Event: audit.EventMint})
 	l.Record(t.Context(), audit.Entry{At: 42, Event: audit.EventLapCall})
+	closeLog(t, l)
 	got := sink.all()
 	if len(got) != 2 || got[0].At != now.UnixMilli() || got[1].At != 42 {
 		t.Errorf("entries = %+v", got)
@@ -112,6 +130,7 @@ func TestRecordRedactsTokens(t *testing.T) {
 		"n":      7,
 	}
 	l.Record(t.Context(), audit.Entry{At: 1, Event: audit.EventLapCall, Detail: detail})
+	closeLog(t, l)
 	const r = "agt_…redacted"
 	want := map[string]any{
 		"token":  r,
@@ -140,6 +159,7 @@ func TestRecordCapsLongStrings(t *testing.T) {
 	l := audit.New(audit.Config{Sinks: []audit.Sink{sink}})
 	long := strings.Repeat("é", audit.MaxDetailString) // 2 bytes each
 	l.Record(t.Context(), audit.Entry{Event: audit.EventLapCall, Detail: map[string]any{"intent": long}})
+	closeLog(t, l)
 	got := sink.all()[0].Detail["intent"].(string)
 	if len(got) > audit.MaxDetailString+len("…") || !strings.HasSuffix(got, "…") || !strings.HasPrefix(long, strings.TrimSuffix(got, "…")) {
 		t.Errorf("capped string has %d bytes: %.40q…", len(got), got)
@@ -157,6 +177,7 @@ func TestFailingSinkIsCountedAndLogged(t *testing.T) {
 	})
 	for range 3 {
 		l.Record(t.Context(), audit.Entry{TID: "t1", Event: audit.EventMint})
+		flush(t, l) // one batch each
 	}
 	if l.Failures() != 3 {
 		t.Errorf("Failures = %d, want 3", l.Failures())
@@ -166,7 +187,7 @@ func TestFailingSinkIsCountedAndLogged(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
 	if len(lines) != 3 {
-		t.Fatalf("want one warning per failure, got %d lines:\n%s", len(lines), logs.String())
+		t.Fatalf("want one warning per failed batch, got %d lines:\n%s", len(lines), logs.String())
 	}
 	var rec map[string]any
 	if err := json.Unmarshal([]byte(lines[0]), &rec); err != nil {
@@ -184,7 +205,9 @@ func TestNilLog(t *testing.T) {
 	if l.Failures() != 0 || l.Recorded() != 0 || l.Close() != nil {
 		t.Error("a nil *Log must discard quietly")
 	}
-	audit.New(audit.Config{}).Record(t.Context(), audit.Entry{Event: audit.EventMint}) // no sinks
+	l2 := audit.New(audit.Config{}) // no sinks
+	l2.Record(t.Context(), audit.Entry{Event: audit.EventMint})
+	closeLog(t, l2)
 }
 
 func TestCloseClosesEverySinkOnce(t *testing.T) {
@@ -228,6 +251,7 @@ func TestConcurrentRecord(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	flush(t, l)
 	if l.Failures() != 0 {
 		t.Fatalf("Failures = %d", l.Failures())
 	}

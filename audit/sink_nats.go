@@ -171,6 +171,12 @@ func (s *NATSSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
 	left := info.NumPending
+	// With Limit, the newest Offset+Limit matching entries are kept, then
+	// the newest Offset dropped (paging back).
+	keep := 0
+	if f.Limit > 0 {
+		keep = f.Limit + max(f.Offset, 0)
+	}
 	var out []Entry
 	for left > 0 {
 		batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(5*time.Second))
@@ -186,8 +192,8 @@ func (s *NATSSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
 				continue
 			}
 			out = append(out, e)
-			if f.Limit > 0 && len(out) > 2*f.Limit { // keep memory bounded: the newest Limit win
-				out = slices.Delete(out, 0, len(out)-f.Limit)
+			if keep > 0 && len(out) > 2*keep { // keep memory bounded: the newest keep win
+				out = slices.Delete(out, 0, len(out)-keep)
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
@@ -200,8 +206,11 @@ func (s *NATSSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
 			break
 		}
 	}
-	if f.Limit > 0 && len(out) > f.Limit {
-		out = out[len(out)-f.Limit:]
+	if f.Limit > 0 {
+		out = out[:max(len(out)-max(f.Offset, 0), 0)]
+		if len(out) > f.Limit {
+			out = out[len(out)-f.Limit:]
+		}
 	}
 	return out, nil
 }

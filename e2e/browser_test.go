@@ -241,6 +241,9 @@ wait:
 	if status := tab.evalString(browserTestID("status") + `.textContent`); status != "Not connected" {
 		t.Fatalf("panel status after revoke: %q", status)
 	}
+	// The panel's Disconnect sends its revoke without waiting for it (and
+	// the audit is written asynchronously): wait until the server has it.
+	mcpEventually(t, "the revoke to reach the server", func() bool { return browserCount(srv2.auditEvents(), "revoke") == 1 })
 	r = browserCall(t, mc, "observe", args())
 	if c := r.code(); !r.IsError || (c != "revoked" && c != "auth-failed") || !strings.Contains(r.Text, "connect_session") {
 		t.Fatalf("observe after revoke: want isError revoked/auth-failed saying what to do, got %v %q (code %q)", r.IsError, r.Text, c)

@@ -25,8 +25,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // memSink captures audit entries.
 type memSink struct {
-	mu sync.Mutex
-	es []audit.Entry
+	mu  sync.Mutex
+	es  []audit.Entry
+	log *audit.Log // flushed before reading
 }
 
 func (s *memSink) Write(_ context.Context, e audit.Entry) error {
@@ -38,6 +39,9 @@ func (s *memSink) Write(_ context.Context, e audit.Entry) error {
 func (s *memSink) Close() error { return nil }
 
 func (s *memSink) events(name string) []audit.Entry {
+	if s.log != nil {
+		_ = s.log.Flush(context.Background())
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []audit.Entry
@@ -79,6 +83,7 @@ func newEnvTB(t testing.TB, mods ...func(*envCfg)) *env {
 	}
 	e := &env{t: t, sink: &memSink{}}
 	al := audit.New(audit.Config{Sinks: []audit.Sink{e.sink}})
+	e.sink.log = al
 	c.tok.Store = tokens.NewMemoryStore()
 	if c.wrapStore != nil {
 		c.tok.Store = c.wrapStore(c.tok.Store)

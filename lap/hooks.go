@@ -39,7 +39,16 @@ func (s *Server) onConfirmResolved(tid string, r pairing.ConfirmResolved) {
 	s.cfg.Confirm.Resolve(context.Background(), tid, r.ConfirmID, res)
 }
 
-func (s *Server) onLogAppend(tid string, entry json.RawMessage) {
+// onLogAppend audits what the tab logs, once: an entry that echoes a call
+// the server made (the rpc it answered, a narration it was pushed) is
+// already in the audit as that call's lap-call entry and only goes to the
+// ring (/recent-actions); anything else the tab logs is audited as a
+// client-log lap-call within the tab's audit budget (a tab flooding frames
+// becomes one counted entry per interval).
+func (s *Server) onLogAppend(tid string, entry json.RawMessage, echo bool) {
+	if echo {
+		return
+	}
 	var e struct {
 		At      int64  `json:"at"`
 		Kind    string `json:"kind"`
@@ -54,7 +63,7 @@ func (s *Server) onLogAppend(tid string, entry json.RawMessage) {
 	if e.Intent != "" {
 		d["intent"] = e.Intent
 	}
-	s.cfg.Audit.Record(context.Background(), audit.Entry{At: e.At, TID: tid, Event: audit.EventLapCall, Detail: d})
+	s.cfg.Audit.RecordLimited(context.Background(), "tab:"+tid, audit.Entry{At: e.At, TID: tid, Event: audit.EventLapCall, Detail: d})
 }
 
 // OnConfirmExpire is confirm.Config.OnExpire: it tells the tab (confirm-expire

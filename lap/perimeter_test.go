@@ -1,6 +1,7 @@
 package lap_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"testing"
@@ -96,6 +97,9 @@ func TestLAPSmallPerimeter(t *testing.T) {
 
 // auditFind returns the entries s recorded that match.
 func auditFind(s *memSink, match func(audit.Entry) bool) []audit.Entry {
+	if s.log != nil {
+		_ = s.log.Flush(context.Background())
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []audit.Entry

@@ -96,6 +96,7 @@ func routeDescribe(c *call) (any, *apiError) {
 // observeResp splices the tab's observe result with the description and health.
 type observeResp struct {
 	result json.RawMessage
+	reply  pairing.Reply // holds result's read buffer until the response is written
 	desc   []byte
 	health pairing.Health
 }
@@ -103,6 +104,7 @@ type observeResp struct {
 func (o observeResp) writeTo(w http.ResponseWriter) {
 	buf := getBuf()
 	defer putBuf(buf)
+	defer o.reply.Release()
 	res := trimSpace(o.result)
 	if len(res) >= 2 && res[0] == '{' && res[len(res)-1] == '}' {
 		buf.Write(res[:len(res)-1])
@@ -132,12 +134,17 @@ func routeObserve(c *call) (any, *apiError) {
 	if !ok {
 		return nil, c.s.paused(c.ctx, c.tid)
 	}
-	res, ae := c.rpc("observe", emptyArgs, 0)
-	if ae != nil {
-		return nil, ae
+	// The result (the app's whole state) is read in place in the buffer it
+	// arrived in, and spliced into the response: never decoded, not copied
+	// out first.
+	start := c.rpcStart()
+	reply, err := c.s.cfg.Registry.CallReply(c.ctx, c.tid, "observe", emptyArgs, 0)
+	c.rpcDone("observe", start, err)
+	if err != nil {
+		return nil, c.rpcErr(err)
 	}
 	c.audit = map[string]any{"tool": "observe"}
-	return observeResp{result: res, desc: c.s.descs.get(c.tid, h), health: c.s.cfg.Registry.Health(c.tid)}, nil
+	return observeResp{result: reply.Data, reply: reply, desc: c.s.descs.get(c.tid, h), health: c.s.cfg.Registry.Health(c.tid)}, nil
 }
 
 type pathBody struct {
@@ -225,9 +232,12 @@ func routeWait(c *call) (any, *apiError) {
 	if !ok {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, "path must be a string")
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, timeoutMs(b.TimeoutMs, 10*time.Second))
+	ctx, cancel := c.s.pollContext(c.ctx, timeoutMs(b.TimeoutMs, 10*time.Second))
 	defer cancel()
 	state, err := c.s.cfg.Registry.Watch(ctx, c.tid, path)
+	if err != nil && c.s.drainCtx.Err() != nil && c.ctx.Err() == nil {
+		return nil, errShuttingDown // lapd is restarting: wait again there
+	}
 	c.audit = map[string]any{"path": c.s.cfg.BasePath + "/wait", "outcome": "changed"}
 	switch {
 	case err == nil:
@@ -256,10 +266,9 @@ func routeNarrate(c *call) (any, *apiError) {
 	now := c.s.cfg.Clock().UnixMilli()
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
-	entry := map[string]any{
-		"id": "narrate-" + strconv.FormatInt(now, 10) + "-" + hex.EncodeToString(rnd[:]),
-		"at": now, "kind": "narrate", "intent": intent, "detail": text,
-	}
+	id := "narrate-" + strconv.FormatInt(now, 10) + "-" + hex.EncodeToString(rnd[:])
+	entry := map[string]any{"id": id, "at": now, "kind": "narrate", "intent": intent, "detail": text}
+	c.s.cfg.Registry.ExpectLog(c.tid, id) // the tab echoes it: the route's lap-call covers it
 	if err := c.s.cfg.Registry.Push(c.tid, map[string]any{"t": "log-push", "entry": entry}); err != nil {
 		return nil, c.rpcErr(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/confirm"
+	"github.com/lapd-dev/lapd/internal/jsonscan"
 	"github.com/lapd-dev/lapd/schema"
 )
 
@@ -57,7 +58,7 @@ func (c *call) checkPolicy(msg json.RawMessage, variant string) (*schema.Rejecti
 		return nil, nil, nil
 	}
 	if rej := pol.Check(msg); rej != nil {
-		c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventMsgBlocked, map[string]any{"variant": variant, "status": "rejected", "reason": rej.Reason, "source": "server-policy"})
+		c.auditOutcome(audit.EventMsgBlocked, map[string]any{"variant": variant, "status": "rejected", "reason": rej.Reason, "source": "server-policy"})
 		return rej, pol, nil
 	}
 	return nil, pol, nil
@@ -117,18 +118,24 @@ func (c *call) message(b messageBody, variant string, payload json.RawMessage, r
 	if ae != nil {
 		return nil, ae
 	}
-	var out struct {
-		Status    string `json:"status"`
-		ConfirmID string `json:"confirmId"`
-	}
-	_ = json.Unmarshal(res, &out)
+	// Read status and confirmId without decoding the rest (stateDiff,
+	// actions), which is only forwarded.
+	var out struct{ Status, ConfirmID string }
+	jsonscan.Object(res, func(k, v []byte) {
+		switch string(k) {
+		case "status":
+			out.Status, _ = jsonscan.String(v)
+		case "confirmId":
+			out.ConfirmID, _ = jsonscan.String(v)
+		}
+	})
 	switch out.Status {
 	case "pending-confirmation":
 	case "rejected":
-		c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventMsgBlocked, map[string]any{"variant": variant, "status": out.Status})
+		c.auditOutcome(audit.EventMsgBlocked, map[string]any{"variant": variant, "status": out.Status})
 		return res, nil
 	default:
-		c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventMsgDispatched, map[string]any{"variant": variant, "status": out.Status})
+		c.auditOutcome(audit.EventMsgDispatched, map[string]any{"variant": variant, "status": out.Status})
 		return res, nil
 	}
 	if out.ConfirmID == "" {
@@ -154,7 +161,7 @@ func (c *call) message(b messageBody, variant string, payload json.RawMessage, r
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "recording the approval: "+err.Error())
 	}
 	release()
-	c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventConfirmProposed, map[string]any{"variant": variant, "confirmId": out.ConfirmID})
+	c.auditOutcome(audit.EventConfirmProposed, map[string]any{"variant": variant, "confirmId": out.ConfirmID})
 	body, done := c.awaitConfirm(out.ConfirmID, variant, timeoutMs(b.ApprovalTimeoutMs, wait))
 	if !done {
 		return map[string]any{"status": "pending-confirmation", "confirmId": out.ConfirmID}, nil
@@ -164,7 +171,7 @@ func (c *call) message(b messageBody, variant string, payload json.RawMessage, r
 
 // awaitConfirm long-polls an approval; done=false when it is still pending.
 func (c *call) awaitConfirm(confirmID, variant string, wait time.Duration) (any, bool) {
-	ctx, cancel := context.WithTimeout(c.ctx, wait)
+	ctx, cancel := c.s.pollContext(c.ctx, wait)
 	defer cancel()
 	r, err := c.s.cfg.Confirm.Wait(ctx, c.tid, confirmID)
 	if err != nil {
@@ -178,7 +185,7 @@ func (c *call) awaitConfirm(confirmID, variant string, wait time.Duration) (any,
 		d["variant"] = variant
 	}
 	if r.Status == "confirmed" {
-		c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventConfirmApproved, d)
+		c.auditOutcome(audit.EventConfirmApproved, d)
 		return concat(`{"status":"confirmed","stateAfter":`, orNull(r.StateAfter), `}`), true
 	}
 	reason := r.Reason
@@ -187,7 +194,7 @@ func (c *call) awaitConfirm(confirmID, variant string, wait time.Duration) (any,
 	}
 	if reason == "user-cancelled" {
 		_ = c.s.cfg.Registry.Push(c.tid, map[string]any{"t": "confirm-expire", "confirmId": confirmID})
-		c.s.audit(c.ctx, c.tid, c.rec.UID, audit.EventConfirmRejected, d)
+		c.auditOutcome(audit.EventConfirmRejected, d)
 	}
 	return map[string]string{"status": "rejected", "reason": reason}, true
 }
@@ -204,7 +211,7 @@ func routeConfirmResult(c *call) (any, *apiError) {
 	}
 	wait := timeoutMs(b.TimeoutMs, 5*time.Second)
 	c.audit = map[string]any{"tool": "get_confirm_result", "confirmId": id}
-	ctx, cancel := context.WithTimeout(c.ctx, wait)
+	ctx, cancel := c.s.pollContext(c.ctx, wait)
 	defer cancel()
 	_, err := c.s.cfg.Confirm.Wait(ctx, c.tid, id)
 	if errors.Is(err, confirm.ErrUnknown) {

@@ -44,6 +44,7 @@ import (
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/confirm"
+	"github.com/lapd-dev/lapd/internal/clientip"
 	"github.com/lapd-dev/lapd/pairing"
 	"github.com/lapd-dev/lapd/tokens"
 )
@@ -92,6 +93,8 @@ type Config struct {
 	IdemBytesPerTID int              // bytes of remembered /message bodies per tid; default 16 MiB
 	IdemBytes       int              // bytes of remembered /message bodies in all; default 128 MiB
 	Clock           func() time.Time // default time.Now
+
+	Observer Observer // told about every call and RPC (metrics); nil = none
 }
 
 // Server serves the meta and LAP routes. Safe for concurrent use.
@@ -116,6 +119,11 @@ type Server struct {
 	inflight int
 	draining bool
 	idle     chan struct{}
+
+	// drainCtx is cancelled by Drain: long polls end early so that a
+	// shutdown never waits out a /wait or an approval.
+	drainCtx    context.Context
+	drainCancel context.CancelFunc
 }
 
 // New checks cfg, installs the server's pairing hooks on cfg.Registry and
@@ -183,6 +191,7 @@ func New(cfg Config) (*Server, error) {
 		idle:     make(chan struct{}),
 		tabs:     map[string]struct{}{},
 	}
+	s.drainCtx, s.drainCancel = context.WithCancel(context.Background())
 	if s.log == nil {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -223,11 +232,33 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if tail, ok := strings.CutPrefix(path, s.cfg.Prefix); ok {
 		if m, ok := metaRoutes[tail]; ok {
-			s.serveMeta(w, r, path, m)
+			s.observeMeta(w, r, path, tail, m)
 			return
 		}
 	}
 	writeError(w, errf(http.StatusNotFound, CodeNotFound, "no route "+path))
+}
+
+// observeMeta serves a meta route with a request id, timed for the
+// Observer.
+func (s *Server) observeMeta(w http.ResponseWriter, r *http.Request, path, route string, m metaHandler) {
+	start := time.Now()
+	ctx, rid := requestID(r)
+	w.Header().Set(HeaderRequestID, rid)
+	r = r.WithContext(ctx)
+	sw := statusWriters.Get().(*statusWriter)
+	sw.ResponseWriter, sw.status = w, 0
+	s.serveMeta(sw, r, path, m)
+	status := sw.status
+	sw.ResponseWriter = nil
+	statusWriters.Put(sw)
+	if status == 0 {
+		status = http.StatusOK
+	}
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.Call("meta", route, status, time.Since(start), rid)
+	}
+	s.logCall(ctx, "meta", route, status, start, rid)
 }
 
 // enter counts an in-flight call; false while draining.
@@ -259,9 +290,18 @@ func (s *Server) Drain() {
 		return
 	}
 	s.draining = true
+	s.drainCancel()
 	if s.inflight == 0 {
 		close(s.idle)
 	}
+}
+
+// pollContext is ctx bounded by d and ended by Drain: for the long polls
+// (/wait, approvals), which then answer as if their time were up.
+func (s *Server) pollContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	stop := context.AfterFunc(s.drainCtx, cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 // Draining reports whether Drain was called.
@@ -291,8 +331,10 @@ func (s *Server) audit(ctx context.Context, tid, uid, event string, detail map[s
 	s.cfg.Audit.Record(context.WithoutCancel(ctx), audit.Entry{TID: tid, UID: uid, Event: event, Detail: detail})
 }
 
-// auditRefusal records a gate refusal under the matching event.
-func (s *Server) auditRefusal(ctx context.Context, tid, endpoint string, e *apiError) {
+// auditRefusal records a gate refusal under the matching event, within the
+// client IP's audit budget (audit.Log.RecordLimited: a flood of refusals
+// becomes one counted entry per interval).
+func (s *Server) auditRefusal(ctx context.Context, r *http.Request, tid, endpoint string, e *apiError) {
 	ev := audit.EventRefused
 	switch e.code {
 	case CodeAuthFailed, CodeAuthRequired:
@@ -304,7 +346,8 @@ func (s *Server) auditRefusal(ctx context.Context, tid, endpoint string, e *apiE
 	if e.reconnect != "" {
 		d["reconnect"] = e.reconnect
 	}
-	s.audit(ctx, tid, "", ev, d)
+	d["client"] = clientIP(r, s.cfg.TrustProxy)
+	s.cfg.Audit.RecordLimited(context.WithoutCancel(ctx), "ip:"+clientip.KeyOf(r, s.cfg.TrustProxy), audit.Entry{TID: tid, Event: ev, Detail: d})
 }
 
 // Stats are the Server's gauges and counters of kept data (for metrics).

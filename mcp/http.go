@@ -174,7 +174,16 @@ func (h *HTTPHandler) audit(r *http.Request, event string, detail map[string]any
 	}
 	detail["endpoint"] = "/agent/mcp"
 	detail["ip"] = clientip.Of(r, h.cfg.TrustProxy)
-	h.cfg.Audit.Record(r.Context(), audit.Entry{At: h.cfg.Now().UnixMilli(), Event: event, Detail: detail})
+	e := audit.Entry{At: h.cfg.Now().UnixMilli(), Event: event, Detail: detail}
+	// Refusals only: within the client's audit budget when the Auditor has
+	// one (*audit.Log: a flood becomes one counted entry per interval).
+	if l, ok := h.cfg.Audit.(interface {
+		RecordLimited(ctx context.Context, source string, e audit.Entry)
+	}); ok {
+		l.RecordLimited(r.Context(), "ip:"+clientip.KeyOf(r, h.cfg.TrustProxy), e)
+		return
+	}
+	h.cfg.Audit.Record(r.Context(), e)
 }
 
 func (h *HTTPHandler) originAllowed(r *http.Request) bool {
@@ -203,6 +212,9 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.audit(r, audit.EventRefused, map[string]any{"status": http.StatusForbidden, "code": "forbidden-host", "host": r.Host})
 		writeJSONError(w, http.StatusForbidden, "forbidden-host", 0)
 		return
+	}
+	if rid := r.Header.Get("X-Request-Id"); rid != "" && audit.ValidRequestID(rid) {
+		r = r.WithContext(audit.WithRequestID(r.Context(), rid))
 	}
 	if !h.originAllowed(r) {
 		h.audit(r, audit.EventRefused, map[string]any{"status": http.StatusForbidden, "code": "forbidden-origin", "origin": r.Header.Get("Origin")})

@@ -112,19 +112,6 @@ func (c *cluster) subject(tid, op string) string {
 	return c.prefix + ".tab." + kvrep.Key(tid) + "." + op
 }
 
-// aside runs fn on a goroutine of its own and waits for it. The NATS
-// calls made while a socket is accepted go deep; on the socket's reader
-// goroutine, which lives as long as the tab, they would double its stack
-// for good (8 KiB more per idle tab, measured).
-func aside(fn func()) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fn()
-	}()
-	<-done
-}
-
 // own subscribes to tid's subjects (a socket for tid is now here) and tells
 // the other nodes to let go of it.
 func (c *cluster) own(tid string) {

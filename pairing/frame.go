@@ -5,45 +5,48 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/jsonscan"
 )
 
 // inFrame is the envelope of every tab→server frame. Payload fields that are
-// only forwarded (result, stateAfter, entry, schemas) stay json.RawMessage so
-// they are scanned, never decoded.
+// only forwarded (result, stateAfter, entry, schemas) stay raw: they are
+// validated once by the scanner, never decoded, and alias the read buffer
+// until copied.
 type inFrame struct {
-	T string `json:"t"`
+	T string
 
 	// rpc-reply / rpc-error / state-update
-	ID         string          `json:"id"`
-	Result     json.RawMessage `json:"result"`
-	Code       string          `json:"code"`
-	Detail     json.RawMessage `json:"detail"`
-	StateAfter json.RawMessage `json:"stateAfter"`
+	ID         string
+	Result     json.RawMessage
+	Code       string
+	Detail     json.RawMessage
+	StateAfter json.RawMessage
 
 	// log-append
-	Entry json.RawMessage `json:"entry"`
+	Entry json.RawMessage
 
 	// visibility, hello
-	Visible *bool `json:"visible"`
+	Visible *bool
 
 	// confirm-resolved
-	ConfirmID string `json:"confirmId"`
-	Outcome   string `json:"outcome"`
+	ConfirmID string
+	Outcome   string
 
 	// hello
-	AppName           string          `json:"appName"`
-	AppVersion        string          `json:"appVersion"`
-	MsgSchema         json.RawMessage `json:"msgSchema"`
-	StateSchema       json.RawMessage `json:"stateSchema"`
-	AffordancesSample json.RawMessage `json:"affordancesSample"`
-	Docs              json.RawMessage `json:"docs"`
-	SchemaHash        string          `json:"schemaHash"`
-	LapVersion        *float64        `json:"lapVersion"`
-	Policy            json.RawMessage `json:"policy"`
+	AppName           string
+	AppVersion        string
+	MsgSchema         json.RawMessage
+	StateSchema       json.RawMessage
+	AffordancesSample json.RawMessage
+	Docs              json.RawMessage
+	SchemaHash        string
+	LapVersion        *float64
+	Policy            json.RawMessage
 }
 
 var (
@@ -53,11 +56,84 @@ var (
 
 // decodeFrame decodes and checks one inbound frame: errMalformed when it is
 // not a JSON object with the fields its t requires, errUnknownT for an
-// unknown t.
+// unknown t. Keys match exactly (as lapd.js writes them); a field of the
+// wrong type is malformed, null reads as absent. The frame is scanned once
+// (internal/jsonscan): a 10 KiB rpc-reply costs a tenth of what
+// encoding/json's two passes did.
 func decodeFrame(b []byte) (inFrame, error) {
 	var f inFrame
-	if err := json.Unmarshal(b, &f); err != nil {
-		return f, errMalformed
+	bad := false
+	str := func(dst *string, v []byte) {
+		if string(v) == "null" {
+			return
+		}
+		s, ok := jsonscan.String(v)
+		if !ok {
+			bad = true
+		}
+		*dst = s
+	}
+	raw := func(dst *json.RawMessage, v []byte) { *dst = v }
+	ok := jsonscan.Object(b, func(k, v []byte) {
+		switch string(k) {
+		case "t":
+			str(&f.T, v)
+		case "id":
+			str(&f.ID, v)
+		case "result":
+			raw(&f.Result, v)
+		case "code":
+			str(&f.Code, v)
+		case "detail":
+			raw(&f.Detail, v)
+		case "stateAfter":
+			raw(&f.StateAfter, v)
+		case "entry":
+			raw(&f.Entry, v)
+		case "visible":
+			if string(v) == "null" {
+				f.Visible = nil
+				return
+			}
+			x, ok := jsonscan.Bool(v)
+			if !ok {
+				bad = true
+			}
+			f.Visible = &x
+		case "confirmId":
+			str(&f.ConfirmID, v)
+		case "outcome":
+			str(&f.Outcome, v)
+		case "appName":
+			str(&f.AppName, v)
+		case "appVersion":
+			str(&f.AppVersion, v)
+		case "msgSchema":
+			raw(&f.MsgSchema, v)
+		case "stateSchema":
+			raw(&f.StateSchema, v)
+		case "affordancesSample":
+			raw(&f.AffordancesSample, v)
+		case "docs":
+			raw(&f.Docs, v)
+		case "schemaHash":
+			str(&f.SchemaHash, v)
+		case "lapVersion":
+			if string(v) == "null" {
+				f.LapVersion = nil
+				return
+			}
+			x, ok := jsonscan.Float(v)
+			if !ok {
+				bad = true
+			}
+			f.LapVersion = &x
+		case "policy":
+			raw(&f.Policy, v)
+		}
+	})
+	if !ok || bad {
+		return inFrame{}, errMalformed
 	}
 	switch f.T {
 	case "hello", "ping":
@@ -93,6 +169,14 @@ func decodeFrame(b []byte) (inFrame, error) {
 	return f, nil
 }
 
+// clone copies raw bytes out of the read buffer (nil stays nil).
+func clone(b json.RawMessage) json.RawMessage {
+	if b == nil {
+		return nil
+	}
+	return append(json.RawMessage(nil), b...)
+}
+
 func isObject(b json.RawMessage) bool {
 	b = bytes.TrimSpace(b)
 	return len(b) > 0 && b[0] == '{'
@@ -111,6 +195,17 @@ func detailString(d json.RawMessage) string {
 	return string(d)
 }
 
+// entryID reads a log entry's id (a string) without decoding the rest.
+func entryID(e json.RawMessage) string {
+	var id string
+	jsonscan.Object(e, func(k, v []byte) {
+		if string(k) == "id" {
+			id, _ = jsonscan.String(v)
+		}
+	})
+	return id
+}
+
 // entryKind reads a log entry's kind without decoding the rest.
 func entryKind(e json.RawMessage) string {
 	var k struct {
@@ -120,11 +215,51 @@ func entryKind(e json.RawMessage) string {
 	return k.Kind
 }
 
+// solicited reports whether f answers a request of the server's own: an
+// rpc-reply or rpc-error for a call in flight, a state-update for a watch,
+// a log-append whose entry id the server expects back (logID). Those are
+// not counted in the socket's inbound rates: the server paced them (its
+// calls are bounded by the LAP rate limit and MaxInFlight), and lapd.js
+// sends two of them per call, so a per-socket rate would cap how fast one
+// tab can be called far below what the LAP rate allows.
+func (s *session) solicited(f *inFrame, logID string) bool {
+	switch f.T {
+	case "rpc-reply", "rpc-error", "state-update", "log-append":
+	default:
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch f.T {
+	case "state-update":
+		_, ok := s.watches[f.ID]
+		return ok
+	case "log-append":
+		return logID != "" && slices.Contains(s.expect, logID)
+	}
+	_, ok := s.calls[f.ID]
+	return ok
+}
+
+// handoffSize is the rpc-reply result size from which the result is handed
+// to its caller in the read buffer instead of copied out of it.
+const handoffSize = 4 << 10
+
 // handle processes one inbound frame on the reader goroutine. b is only valid
-// during the call (pooled); everything kept is copied by json.Unmarshal.
-func (c *conn) handle(b []byte) {
+// during the call (pooled): everything kept is copied (clone).
+//
+// It reports whether it kept buf: a large rpc-reply result is handed to its
+// caller inside buf (Reply), which gives it back.
+func (c *conn) handle(buf *bytes.Buffer) (kept bool) {
 	r, s := c.r, c.s
-	f, err := decodeFrame(b)
+	f, err := decodeFrame(buf.Bytes())
+	var logID string
+	if err == nil && f.T == "log-append" {
+		logID = entryID(f.Entry)
+	}
+	if err != nil || !s.solicited(&f, logID) {
+		c.in.wait(r, buf.Len())
+	}
 	switch {
 	case errors.Is(err, errUnknownT):
 		r.unknown.Add(1)
@@ -136,19 +271,26 @@ func (c *conn) handle(b []byte) {
 	hooks := r.hooks.Load()
 	switch f.T {
 	case "rpc-reply":
-		res := f.Result
-		if len(res) == 0 {
-			res = json.RawMessage("null")
+		res := callResult{data: f.Result}
+		switch {
+		case len(f.Result) == 0:
+			res.data = json.RawMessage("null")
+		case len(f.Result) >= handoffSize:
+			res.buf = buf // the caller reads it in place and gives buf back
+		default:
+			res.data = clone(f.Result)
 		}
-		if !s.retire(&s.calls, f.ID, callResult{data: res}) {
+		if !s.retire(&s.calls, f.ID, res) {
 			r.unknownReplies.Add(1)
+			return false
 		}
+		return res.buf != nil
 	case "rpc-error":
 		if !s.retire(&s.calls, f.ID, callResult{err: &RPCError{Code: f.Code, Detail: detailString(f.Detail)}}) {
 			r.unknownReplies.Add(1)
 		}
 	case "state-update":
-		st := f.StateAfter
+		st := clone(f.StateAfter)
 		if len(st) == 0 {
 			st = json.RawMessage("null")
 		}
@@ -156,20 +298,21 @@ func (c *conn) handle(b []byte) {
 			r.unknownReplies.Add(1)
 		}
 	case "log-append":
-		if len(f.Entry) <= MaxLogEntry {
-			s.mu.Lock()
-			if !s.dropped {
-				delta, dropped := s.appendLogLocked(f.Entry, r.cfg.LogRing, r.cfg.LogRingBytes)
-				r.bufBytes.Add(int64(delta))
-				_ = dropped // the ring's own bound, not a shed
-			}
-			s.mu.Unlock()
-			if r.overBudget() {
-				r.shed()
-			}
+		f.Entry = clone(f.Entry)
+		id := logID
+		s.mu.Lock()
+		if len(f.Entry) <= MaxLogEntry && !s.dropped {
+			delta, dropped := s.appendLogLocked(f.Entry, r.cfg.LogRing, r.cfg.LogRingBytes)
+			r.bufBytes.Add(int64(delta))
+			_ = dropped // the ring's own bound, not a shed
+		}
+		echo := s.takeExpectedLocked(id)
+		s.mu.Unlock()
+		if r.overBudget() {
+			r.shed()
 		}
 		if hooks.OnLogAppend != nil {
-			hooks.OnLogAppend(s.tid, f.Entry)
+			hooks.OnLogAppend(s.tid, f.Entry, echo)
 		}
 	case "confirm-resolved":
 		if c.noApprove {
@@ -177,13 +320,13 @@ func (c *conn) handle(b []byte) {
 			// (whoever holds the agent token can open one): its
 			// approvals are not the human's.
 			r.refusedApprovals.Add(1)
-			r.cfg.Audit.Record(context.Background(), audit.Entry{TID: s.tid, Event: audit.EventRefused,
+			r.cfg.Audit.RecordLimited(context.Background(), "tab:"+s.tid, audit.Entry{TID: s.tid, Event: audit.EventRefused,
 				Detail: map[string]any{"endpoint": wsEndpoint, "code": "approval-refused", "confirmId": f.ConfirmID,
 					"detail": "confirm-resolved from a socket that superseded a live tab without the tab secret"}})
 			return
 		}
 		if hooks.OnConfirmResolved != nil {
-			hooks.OnConfirmResolved(s.tid, ConfirmResolved{ConfirmID: f.ConfirmID, Outcome: f.Outcome, StateAfter: f.StateAfter})
+			hooks.OnConfirmResolved(s.tid, ConfirmResolved{ConfirmID: f.ConfirmID, Outcome: f.Outcome, StateAfter: clone(f.StateAfter)})
 		}
 	case "visibility":
 		v := *f.Visible
@@ -191,11 +334,12 @@ func (c *conn) handle(b []byte) {
 		s.visible = &v
 		s.mu.Unlock()
 	case "ping":
-		c.heartbeat()
+		c.heartbeat(true)
 		_ = c.enqueue([]byte(`{"t":"pong","at":` + strconv.FormatInt(time.Now().UnixMilli(), 10) + `}`))
 	case "hello":
 		c.hello(f)
 	}
+	return false
 }
 
 // hello caches the tab's hello, answers hello-ack and, the first time on this
@@ -206,11 +350,14 @@ func (c *conn) hello(f inFrame) {
 		r.drop(s.tid, CloseVersionSkew, "lap version too old", "version-skew")
 		return
 	}
+	// The fields still alias the read buffer: intern copies them only
+	// when no tab sent this hello before.
 	h := &Hello{AppName: f.AppName, AppVersion: f.AppVersion, MsgSchema: f.MsgSchema, StateSchema: f.StateSchema,
 		AffordancesSample: f.AffordancesSample, Docs: f.Docs, SchemaHash: f.SchemaHash, Policy: f.Policy}
 	if f.LapVersion != nil {
 		h.LapVersion = int(*f.LapVersion)
 	}
+	h = r.hellos.intern(h)
 	s.mu.Lock()
 	mine := s.cur == c && !s.dropped
 	if mine {
@@ -254,9 +401,10 @@ func (c *conn) hello(f inFrame) {
 	}
 }
 
-// rpcFrame builds {t:'rpc', id, tool, args}; json.RawMessage args are
+// rpcFrame builds {t:'rpc', id, tool, args} plus lapd's optional rid (the
+// request id of the call that made it; "" = none); json.RawMessage args are
 // inserted as is ({} when empty).
-func rpcFrame(id, tool string, args any) ([]byte, error) {
+func rpcFrame(id, tool string, args any, rid string) ([]byte, error) {
 	var a []byte
 	switch v := args.(type) {
 	case json.RawMessage:
@@ -282,6 +430,11 @@ func rpcFrame(id, tool string, args any) ([]byte, error) {
 	b = append(b, toolJSON...)
 	b = append(b, `,"args":`...)
 	b = append(b, a...)
+	if rid != "" && audit.ValidRequestID(rid) { // nothing to escape
+		b = append(b, `,"rid":"`...)
+		b = append(b, rid...)
+		b = append(b, '"')
+	}
 	b = append(b, '}')
 	return b, nil
 }

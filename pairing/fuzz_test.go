@@ -5,8 +5,9 @@ import (
 	"testing"
 )
 
-// FuzzDecodeFrame: decoding untrusted tab frames never panics, and a frame
-// that decodes has the fields its type requires.
+// FuzzDecodeFrame: decoding untrusted tab frames never panics, a frame that
+// decodes is valid JSON with the fields its type requires, and what is
+// forwarded undecoded is valid JSON.
 func FuzzDecodeFrame(f *testing.F) {
 	for _, s := range []string{
 		`{"t":"hello","appName":"a","appVersion":"1","schemaHash":"h","lapVersion":2,"msgSchema":{},"visible":true}`,
@@ -25,10 +26,16 @@ func FuzzDecodeFrame(f *testing.F) {
 		if err != nil {
 			return
 		}
+		if !json.Valid(b) {
+			t.Fatalf("decodeFrame accepted invalid JSON %q", b)
+		}
 		switch fr.T {
 		case "rpc-reply", "state-update":
 			if fr.ID == "" {
 				t.Fatalf("%s without id accepted", fr.T)
+			}
+			if (len(fr.Result) > 0 && !json.Valid(fr.Result)) || (len(fr.StateAfter) > 0 && !json.Valid(fr.StateAfter)) {
+				t.Fatal("invalid JSON accepted for forwarding")
 			}
 		case "rpc-error":
 			if fr.ID == "" || fr.Code == "" {

@@ -24,6 +24,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type memSink struct {
 	mu      sync.Mutex
 	entries []audit.Entry
+	log     *audit.Log // flushed before reading
 }
 
 func (s *memSink) Write(_ context.Context, e audit.Entry) error {
@@ -34,6 +35,9 @@ func (s *memSink) Write(_ context.Context, e audit.Entry) error {
 }
 func (s *memSink) Close() error { return nil }
 func (s *memSink) find(event string) []audit.Entry {
+	if s.log != nil {
+		_ = s.log.Flush(context.Background())
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []audit.Entry
@@ -64,6 +68,7 @@ func newEnv(t testing.TB, mod func(*Config, *tokens.Config)) *env {
 		logs: make(chan string, 1024), confs: make(chan ConfirmResolved, 16)}
 	tcfg := tokens.Config{Store: tokens.NewMemoryStore()}
 	cfg := Config{Audit: audit.New(audit.Config{Sinks: []audit.Sink{e.sink}})}
+	e.sink.log = cfg.Audit
 	if mod != nil {
 		mod(&cfg, &tcfg)
 	}
@@ -83,7 +88,7 @@ func newEnv(t testing.TB, mod func(*Config, *tokens.Config)) *env {
 			e.paired <- tid
 		},
 		OnClosed:          func(tid string) { e.closed <- tid },
-		OnLogAppend:       func(tid string, _ json.RawMessage) { e.logs <- tid },
+		OnLogAppend:       func(tid string, _ json.RawMessage, _ bool) { e.logs <- tid },
 		OnConfirmResolved: func(_ string, r ConfirmResolved) { e.confs <- r },
 	})
 	e.srv = httptest.NewServer(e.reg)
@@ -94,6 +99,7 @@ func newEnv(t testing.TB, mod func(*Config, *tokens.Config)) *env {
 			t.Errorf("Shutdown: %v", err)
 		}
 		e.srv.Close()
+		_ = e.sink.log.Close()
 	})
 	return e
 }
@@ -218,6 +224,17 @@ func (tb *tab) next() map[string]any {
 		}
 		return m
 	case <-tb.done:
+		// Frames read before the socket ended come first (select picks
+		// among ready cases at random).
+		select {
+		case b := <-tb.frames:
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				tb.t.Fatalf("server sent non-JSON %q", b)
+			}
+			return m
+		default:
+		}
 		tb.t.Fatalf("socket ended: %v", tb.err)
 	case <-time.After(10 * time.Second):
 		tb.t.Fatal("timed out waiting for a frame")

@@ -41,27 +41,54 @@
 //
 // # Costs and limits
 //
-// Each tab costs one reader goroutine (the HTTP handler's own) and no other
-// while idle: the writer goroutine runs only while frames are queued, and one
-// registry-wide loop sends WebSocket pings (a tab that misses two is closed
-// with 4408) and sweeps closed tabs' buffers (kept for Retention, at most
-// MaxClosed). Each tab's send queue is bounded (full → closed with 4008,
-// the caller never blocks); inbound frames are capped at MaxFrame (over →
-// 1009) and rate-limited per socket (FrameRate, ByteRate: the reader waits);
-// in-flight calls and watches per tab are capped at MaxInFlight (ErrBusy).
-// What lapd keeps per tab (log ring, hello) is counted in bytes, per tid and
-// in all (BufferBytes, see budget.go). Stats exposes counters for everything
-// refused, delayed or dropped.
+// A paired tab is a goroutine only while it is busy. Its reader is a
+// goroutine of its own (the HTTP handler returns after the upgrade); when
+// nothing arrived for a second (a tick of the registry loop), the reader
+// parks the socket in an epoll set shared by all idle tabs (Linux; see
+// parker) and exits, and the tab's next frame starts a new one. The writer
+// goroutine runs only while frames are queued. A lapd.js tab sends its own
+// {t:'ping'} heartbeats and gets no WebSocket pings (it is closed with 4408
+// after two intervals and a half of silence); a tab that sends none is
+// pinged every PingInterval (two missed pongs → 4408). The socket keeps
+// 512 + 256 bytes of buffers (larger frames pass them by), and tabs that
+// sent the same hello share one copy of it. A parked idle tab costs about
+// 4.5 KiB of heap and no stack, against 8.5 KiB while a goroutine waits on
+// it (and 22.8 KiB before these changes); docs/PERFORMANCE.md has the
+// figures and why parking readers beat replacing coder/websocket with an
+// epoll-driven library.
+//
+// One registry-wide loop pings, parks and sweeps closed tabs' buffers (kept
+// for Retention, at most MaxClosed). Each tab's send queue is bounded (full
+// → closed with 4008, the caller never blocks); inbound frames are capped at
+// MaxFrame (over → 1009), rate-limited per socket (FrameRate, ByteRate:
+// the reader waits; answers to the server's own calls and watches are not
+// counted) and scanned once, never decoded (the result bytes of a
+// reply are passed through); in-flight calls and watches per tab are capped
+// at MaxInFlight (ErrBusy). What lapd keeps per tab (log ring, hello) is
+// counted in bytes, per tid and in all (BufferBytes, see budget.go; a hello
+// shared by several tabs counts for each). Stats exposes counters for
+// everything refused, delayed or dropped, and how many tabs are parked.
+//
+// # Connecting, tied to the socket
+//
+// The token is checked before the upgrade and nothing changes then
+// (tokens.Manager.CheckAcceptTab): an upgrade that fails leaves the session
+// as it was. Once the socket is up its record moves (Connected), ordered per
+// session with the disconnect of an older socket: a socket that closes while
+// a newer one is being upgraded does not mark the session pending-resume
+// under the new, live socket; the move waits for the upgrade's outcome.
 package pairing
 
 import (
+	"bytes"
 	"container/list"
 	"context"
-	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"log/slog"
+	mrand "math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -112,6 +139,10 @@ const (
 
 	// MaxInFlight bounds the calls plus watches waiting on one tid.
 	MaxInFlight = 1024
+	// maxExpect bounds the log entry ids a tab is expected to send back;
+	// the oldest is forgotten first (its log-append then counts as not an
+	// echo).
+	maxExpect = 64
 	// MaxLogEntry is the largest log-append entry kept in the ring (bytes);
 	// larger entries still reach Hooks.OnLogAppend.
 	MaxLogEntry = 256 << 10
@@ -160,12 +191,17 @@ type Stats struct {
 	QueueOverflowCloses int64 // sockets closed with 4008
 	RefusedApprovals    int64 // confirm-resolved frames refused (a socket that superseded a live tab without the tab secret)
 	ActiveTabs          int   // tids with a live socket now
+	HeldTabs            int   // tids held: live, or closed and kept for Retention
+	ParkedTabs          int   // of those, idle ones held without a reader goroutine (Linux)
 
 	BufferBytes    int64 // bytes of log rings and hellos kept now (gauge)
 	LogShed        int64 // log entries dropped early for BufferBytes
 	ClosedShed     int64 // closed tabs whose buffers were dropped early for BufferBytes
 	Throttled      int64 // inbound frames delayed by the per-socket rate
 	OverloadCloses int64 // sockets closed with 1013: their hello did not fit BufferBytes
+
+	FramesIn, FramesOut int64 // WebSocket messages read from and written to tabs
+	BytesIn, BytesOut   int64 // their payload bytes
 
 	Cluster ClusterStats // forwarding to and from other nodes (Config.Cluster)
 }
@@ -192,7 +228,12 @@ type Hooks struct {
 	OnPaired          func(tid string, repair bool) // after the socket is registered and hello-ack sent
 	OnClosed          func(tid string)              // the tab's socket is gone (not when superseded)
 	OnConfirmResolved func(tid string, r ConfirmResolved)
-	OnLogAppend       func(tid string, entry json.RawMessage) // after it is put in the ring
+	// OnLogAppend runs after a log-append entry is put in the ring. echo
+	// reports that the entry's id is one the server expected back: the id
+	// of an rpc sent to this tab (lapd.js logs every rpc it answers) or one
+	// announced with ExpectLog (a log-push) — a call the server has
+	// already accounted for.
+	OnLogAppend func(tid string, entry json.RawMessage, echo bool)
 	// OnAdmit decides whether a call for tid may go ahead now (the
 	// per-tid rate limit), on the node that holds the tab: Admit calls it
 	// here, or on the owner in a cluster. nil = always.
@@ -217,9 +258,9 @@ type Config struct {
 	LogRing        int             // recent-log entries per tid; default 100
 	LogRingBytes   int             // bytes of recent-log entries per tid; default 1 MiB
 	BufferBytes    int             // rings and hellos of every tid, live or closed; default 128 MiB
-	FrameRate      float64         // inbound frames per second per socket; default 200
+	FrameRate      float64         // inbound frames per second per socket, answers to calls not counted; default 200
 	FrameBurst     int             // default 1000
-	ByteRate       float64         // inbound bytes per second per socket; default 8 MiB/s
+	ByteRate       float64         // inbound bytes per second per socket, answers to calls not counted; default 8 MiB/s
 	Hooks          Hooks
 
 	// Cluster joins this Registry to the other lapd nodes on the same NATS
@@ -232,8 +273,14 @@ type Config struct {
 
 // Registry holds the paired tabs. Safe for concurrent use.
 type Registry struct {
-	cfg   Config
-	hooks atomic.Pointer[Hooks]
+	cfg    Config
+	hooks  atomic.Pointer[Hooks]
+	hellos helloTable
+	park   parker
+
+	// testHookConnect, set by a test before serving, runs in connect
+	// after a successful upgrade, before the token record moves.
+	testHookConnect func(tid string)
 
 	mu       sync.Mutex
 	sessions map[string]*session // live and recently closed tids
@@ -250,10 +297,11 @@ type Registry struct {
 	superseded, hbCloses, overflowCloses        atomic.Int64
 	refusedApprovals                            atomic.Int64
 
-	bufBytes                          atomic.Int64 // rings and hellos kept
-	logDropped, closedShed, throttled atomic.Int64
-	overloadCloses                    atomic.Int64
-	lastShedLog                       time.Time // guarded by mu
+	bufBytes                               atomic.Int64 // rings and hellos kept
+	logDropped, closedShed, throttled      atomic.Int64
+	overloadCloses                         atomic.Int64
+	lastShedLog                            time.Time // guarded by mu
+	framesIn, framesOut, bytesIn, bytesOut atomic.Int64
 }
 
 // session is everything lapd keeps per tid: the live socket (if any), the
@@ -261,6 +309,12 @@ type Registry struct {
 // hello and the recent-log ring.
 type session struct {
 	tid string
+
+	// stateMu orders the token record's connect/disconnect changes for
+	// this tid with the registry's view of its sockets (see reserve).
+	stateMu       sync.Mutex
+	pending       int  // upgrades in progress (reserved, not yet registered)
+	disconnectDue bool // a socket closed while an upgrade was pending
 
 	mu          sync.Mutex
 	cur         *conn // nil when no socket
@@ -272,8 +326,10 @@ type session struct {
 	lastHB      int64
 	accepts     int
 	helloGen    uint64            // bumped by every hello (cluster caches key on it)
+	rpcs        atomic.Int64      // Calls made to this tid (for the admin console)
 	ring        []json.RawMessage // oldest first, len ≤ LogRing
 	ringBytes   int               // bytes of ring
+	expect      []string          // log entry ids expected back (rpc ids, ExpectLog), oldest first, ≤ maxExpect
 	dropped     bool              // unregistered: buffers gone, nothing more is kept
 
 	closedAt   time.Time     // guarded by Registry.mu
@@ -283,6 +339,7 @@ type session struct {
 type callResult struct {
 	data json.RawMessage
 	err  error
+	buf  *bytes.Buffer // non-nil: data aliases this pooled read buffer (see Reply)
 }
 
 // New returns a Registry.
@@ -330,6 +387,7 @@ func New(cfg Config) (*Registry, error) {
 		cfg.ByteRate = DefaultByteRate
 	}
 	r := &Registry{cfg: cfg, sessions: map[string]*session{}, closed: list.New(), stop: make(chan struct{})}
+	r.park.init(r)
 	h := cfg.Hooks
 	r.hooks.Store(&h)
 	if cfg.Cluster != nil {
@@ -410,7 +468,7 @@ func (r *Registry) SetHooks(h Hooks) { r.hooks.Store(&h) }
 // Stats returns the registry's counters.
 func (r *Registry) Stats() Stats {
 	r.mu.Lock()
-	active := 0
+	active, held := 0, len(r.sessions)
 	for _, s := range r.sessions {
 		if s.closedElem == nil && !s.isClosed() {
 			active++
@@ -427,11 +485,17 @@ func (r *Registry) Stats() Stats {
 		QueueOverflowCloses: r.overflowCloses.Load(),
 		RefusedApprovals:    r.refusedApprovals.Load(),
 		ActiveTabs:          active,
+		HeldTabs:            held,
+		ParkedTabs:          r.park.count(),
 		BufferBytes:         r.bufBytes.Load(),
 		LogShed:             r.logDropped.Load(),
 		ClosedShed:          r.closedShed.Load(),
 		Throttled:           r.throttled.Load(),
 		OverloadCloses:      r.overloadCloses.Load(),
+		FramesIn:            r.framesIn.Load(),
+		FramesOut:           r.framesOut.Load(),
+		BytesIn:             r.bytesIn.Load(),
+		BytesOut:            r.bytesOut.Load(),
 		Cluster:             r.clusterStats(),
 	}
 }
@@ -441,6 +505,13 @@ func (r *Registry) clusterStats() ClusterStats {
 		return ClusterStats{}
 	}
 	return r.cl.stats()
+}
+
+// socket returns the live socket, or nil.
+func (s *session) socket() *conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
 }
 
 func (s *session) isClosed() bool {
@@ -464,9 +535,14 @@ func (r *Registry) live(tid string) (*session, error) {
 }
 
 // newID returns a random RFC 4122 version 4 UUID.
+//
+// The ids only need to be unique (a call is matched within its own tab's
+// session), so they come from the runtime's ChaCha8 generator rather than
+// the system's entropy source (a system call per call on older kernels).
 func newID() string {
 	var b [16]byte
-	_, _ = rand.Read(b[:])
+	binary.LittleEndian.PutUint64(b[:8], mrand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], mrand.Uint64())
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	var out [36]byte
@@ -483,8 +559,8 @@ func newID() string {
 }
 
 // await registers a waiter under id in m (calls or watches) and returns its
-// channel and the socket to send on.
-func (s *session) await(m *map[string]chan callResult, id string) (chan callResult, *conn, error) {
+// channel and the socket to send on. expect: the tab will log id.
+func (s *session) await(m *map[string]chan callResult, id string, expect bool) (chan callResult, *conn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cur == nil {
@@ -498,7 +574,50 @@ func (s *session) await(m *map[string]chan callResult, id string) (chan callResu
 	}
 	ch := make(chan callResult, 1)
 	(*m)[id] = ch
+	if expect {
+		s.expectLocked(id)
+	}
 	return ch, s.cur, nil
+}
+
+// expectLocked notes that the tab will send a log entry with id.
+func (s *session) expectLocked(id string) {
+	if len(s.expect) >= maxExpect {
+		s.expect = append(s.expect[:0], s.expect[1:]...)
+	}
+	s.expect = append(s.expect, id)
+}
+
+// takeExpectedLocked reports whether id was expected, and forgets it.
+func (s *session) takeExpectedLocked(id string) bool {
+	if id == "" {
+		return false
+	}
+	for i, e := range s.expect {
+		if e == id {
+			s.expect = append(s.expect[:i], s.expect[i+1:]...)
+			if len(s.expect) == 0 {
+				s.expect = nil
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// ExpectLog tells the registry that tid's tab will send a log-append whose
+// entry id is id (the server is pushing it a log-push with that entry), so
+// that Hooks.OnLogAppend sees it as an echo.
+func (r *Registry) ExpectLog(tid, id string) {
+	r.mu.Lock()
+	s := r.sessions[tid]
+	r.mu.Unlock()
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.expectLocked(id)
+	s.mu.Unlock()
 }
 
 // retire removes id from m and delivers res; it reports false when somebody
@@ -547,13 +666,13 @@ func (p pending) fail(err error) {
 }
 
 // wait waits for ch, a timer (nil = none) or ctx, retiring id on the latter two.
-func (s *session) wait(m *map[string]chan callResult, id string, ch chan callResult, timer <-chan time.Time, ctx context.Context) (json.RawMessage, error) {
+func (s *session) wait(m *map[string]chan callResult, id string, ch chan callResult, timer <-chan time.Time, ctx context.Context) callResult {
 	var res callResult
 	select {
 	case res = <-ch:
 	case <-timer:
 		if s.retire(m, id, callResult{err: ErrTimeout}) {
-			return nil, ErrTimeout
+			return callResult{err: ErrTimeout}
 		}
 		res = <-ch
 	case <-ctx.Done():
@@ -562,54 +681,95 @@ func (s *session) wait(m *map[string]chan callResult, id string, ch chan callRes
 			err = ErrTimeout
 		}
 		if s.retire(m, id, callResult{err: err}) {
-			return nil, err
+			return callResult{err: err}
 		}
 		res = <-ch
 	}
-	return res.data, res.err
+	return res
+}
+
+// Reply is the result of a tab's rpc-reply. A large one aliases the read
+// buffer it arrived in (no copy of a 10 KiB observe result per call):
+// Release gives the buffer back once Data is no longer used, after which
+// Data must not be touched. Release may be called once; a zero Reply's is a
+// no-op.
+type Reply struct {
+	Data json.RawMessage
+	buf  *bytes.Buffer
+}
+
+// Release returns the reply's buffer for reuse.
+func (r Reply) Release() {
+	if r.buf != nil {
+		putReadBuf(r.buf)
+	}
+}
+
+// CallReply is Call returning the result without copying it out of the
+// read buffer: the caller must Release it.
+func (r *Registry) CallReply(ctx context.Context, tid, tool string, args any, timeout time.Duration) (Reply, error) {
+	res := r.call(ctx, tid, tool, args, timeout)
+	if res.err != nil {
+		return Reply{}, res.err
+	}
+	return Reply{Data: res.data, buf: res.buf}, nil
 }
 
 // Call sends {t:'rpc', id, tool, args} to tid's tab and waits for the answer.
+// The frame also carries rid, the request id of ctx (audit.WithRequestID),
+// when there is one: an optional field a tab may ignore.
 // timeout 0 = Config.RPCTimeout. Errors: ErrPaused, ErrTimeout, *RPCError,
 // ctx.Err() (and ErrClosed while shutting down, ErrBusy over MaxInFlight).
 // args may be json.RawMessage (sent as is) or any JSON-marshalable value.
 func (r *Registry) Call(ctx context.Context, tid, tool string, args any, timeout time.Duration) (json.RawMessage, error) {
+	res := r.call(ctx, tid, tool, args, timeout)
+	if res.buf != nil { // the caller owns what Call returns: copy it out
+		data := append(json.RawMessage(nil), res.data...)
+		putReadBuf(res.buf)
+		return data, res.err
+	}
+	return res.data, res.err
+}
+
+func (r *Registry) call(ctx context.Context, tid, tool string, args any, timeout time.Duration) callResult {
 	if timeout <= 0 {
 		timeout = r.cfg.RPCTimeout
 	}
 	if r.remote(tid) {
-		return r.cl.call(ctx, tid, tool, args, timeout)
+		data, err := r.cl.call(ctx, tid, tool, args, timeout)
+		return callResult{data: data, err: err}
 	}
 	s, err := r.live(tid)
 	if err != nil {
-		return nil, err
+		return callResult{err: err}
 	}
+	s.rpcs.Add(1)
 	id := newID()
-	frame, err := rpcFrame(id, tool, args)
+	frame, err := rpcFrame(id, tool, args, audit.RequestID(ctx))
 	if err != nil {
-		return nil, err
+		return callResult{err: err}
 	}
-	ch, c, err := s.await(&s.calls, id)
+	ch, c, err := s.await(&s.calls, id, true)
 	if err != nil {
-		return nil, err
+		return callResult{err: err}
 	}
 	sent := true
 	if err := c.enqueue(frame); err != nil {
 		// The socket went away between await and enqueue: its close (or a
 		// successor) retires the call; if nobody has yet, we do.
 		if s.retire(&s.calls, id, callResult{err: ErrPaused}) {
-			return nil, ErrPaused
+			return callResult{err: ErrPaused}
 		}
 		sent = false
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
-	res, err := s.wait(&s.calls, id, ch, t.C, ctx)
+	res := s.wait(&s.calls, id, ch, t.C, ctx)
 	var re *RPCError
-	if err != nil && sent && !errors.As(err, &re) {
-		err = inDoubt{err}
+	if res.err != nil && sent && !errors.As(res.err, &re) {
+		res.err = inDoubt{res.err} // the tab may have run it: see inDoubt
 	}
-	return res, err
+	return res
 }
 
 // Push queues a server→tab frame (any JSON-marshalable value with a "t"
@@ -643,7 +803,9 @@ func (r *Registry) IsPaired(tid string) bool {
 	return err == nil && !s.isClosed()
 }
 
-// Hello returns tid's cached hello (kept for Retention after the socket closes).
+// Hello returns tid's cached hello (kept for Retention after the socket
+// closes). Tabs that sent identical hellos share one copy: the RawMessage
+// fields must not be changed.
 func (r *Registry) Hello(tid string) (Hello, bool) {
 	if r.remote(tid) {
 		if h, ok, err := r.cl.hello(tid); err == nil && ok {
@@ -702,7 +864,7 @@ func (r *Registry) Watch(ctx context.Context, tid, path string) (json.RawMessage
 		return nil, err
 	}
 	id := newID()
-	ch, c, err := s.await(&s.watches, id)
+	ch, c, err := s.await(&s.watches, id, false)
 	if err != nil {
 		return nil, err
 	}
@@ -717,7 +879,8 @@ func (r *Registry) Watch(ctx context.Context, tid, path string) (json.RawMessage
 			return nil, ErrPaused
 		}
 	}
-	res, err := s.wait(&s.watches, id, ch, nil, ctx)
+	wr := s.wait(&s.watches, id, ch, nil, ctx)
+	res, err := wr.data, wr.err
 	s.mu.Lock()
 	c = s.cur
 	s.mu.Unlock()
@@ -828,6 +991,7 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 	s.dropped = true
 	s.failAllLocked(ErrPaused)
 	r.bufBytes.Add(-int64(s.releaseBuffersLocked()))
+	s.expect = nil
 	s.mu.Unlock()
 	if r.cl != nil {
 		r.cl.disown(tid)
@@ -839,27 +1003,42 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 		_ = c.enqueue([]byte(`{"t":"revoked"}`))
 	}
 	c.close(code, reason)
-	r.afterClose(tid, auditReason)
+	r.afterClose(s, auditReason)
 }
 
-// afterClose runs when tid lost its socket for good (not superseded).
-func (r *Registry) afterClose(tid, reason string) {
-	if r.cl != nil && r.cl.liveElsewhere(tid) {
-		// The tab is already on another node: the record is that node's.
-		r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason, "pairedElsewhere": true}})
+// afterClose runs when s lost its socket for good (not superseded). The
+// token record moves to pending-resume only if no newer socket of s is
+// registered or being upgraded; with an upgrade pending, the move waits
+// for its outcome (connect or unreserve). In a cluster, a tab already
+// held by another node leaves the record to that node.
+func (r *Registry) afterClose(s *session, reason string) {
+	if r.cl != nil && s.socket() == nil && r.cl.liveElsewhere(s.tid) {
+		r.cfg.Audit.Record(context.Background(), audit.Entry{TID: s.tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason, "pairedElsewhere": true}})
 		if h := r.hooks.Load(); h.OnClosed != nil {
-			h.OnClosed(tid)
+			h.OnClosed(s.tid)
 		}
 		return
 	}
+	s.stateMu.Lock()
+	if s.socket() == nil {
+		if s.pending > 0 {
+			s.disconnectDue = true
+		} else {
+			r.markDisconnected(s.tid)
+		}
+	}
+	s.stateMu.Unlock()
+	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: s.tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason}})
+	if h := r.hooks.Load(); h.OnClosed != nil {
+		h.OnClosed(s.tid)
+	}
+}
+
+// markDisconnected moves tid's record to pending-resume. Caller holds the
+// session's stateMu.
+func (r *Registry) markDisconnected(tid string) {
 	if _, err := r.cfg.Tokens.Disconnected(context.Background(), tid); err != nil {
 		r.cfg.Logger.Warn("pairing: marking the token pending-resume failed", "tid", tid, "err", err)
-	}
-	// Audited before the hook runs, so that whoever the hook tells finds
-	// the entry (TestHeartbeatClosesDeadTab read the audit in between).
-	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": reason}})
-	if h := r.hooks.Load(); h.OnClosed != nil {
-		h.OnClosed(tid)
 	}
 }
 
@@ -889,9 +1068,11 @@ func (r *Registry) Shutdown(ctx context.Context) error {
 	for _, c := range conns {
 		c.close(CloseRestart, "server restarting")
 	}
+	r.park.stop()
 	done := make(chan struct{})
 	go func() {
 		r.wg.Wait()
+		r.park.closeFDs()
 		close(done)
 	}()
 	select {

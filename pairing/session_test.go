@@ -313,7 +313,7 @@ func TestSupersedeMigratesCalls(t *testing.T) {
 
 func TestHeartbeatClosesDeadTab(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.PingInterval = 100 * time.Millisecond })
+	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.PingInterval = 300 * time.Millisecond })
 	tok, tid := e.mint("")
 	live := e.pair(tok) // answers pings: it has a reader
 	tok2, tid2 := e.mint("")

@@ -6,11 +6,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -46,34 +48,78 @@ type conn struct {
 
 	mu       sync.Mutex
 	q        [][]byte
-	inFlight int  // frames taken by the writer, not yet written
-	writing  bool // a writer goroutine is running
-	closing  bool // close(code) was called
-	code     int  // the code we closed with, 0 = the peer or the network did
-	gone     bool // the reader has exited; nothing may start goroutines for this conn
-	acked    bool // hello-ack sent at least once
-	pinged   bool // a ping is outstanding
-	ponged   bool // it was answered
-	missed   int  // consecutive unanswered pings
+	inFlight int           // frames taken by the writer, not yet written
+	writing  bool          // a writer goroutine is running
+	wdone    chan struct{} // closed when that writer exits
+	closing  bool          // close(code) was called
+	code     int           // the code we closed with, 0 = the peer or the network did
+	gone     bool          // the reader has exited; nothing may start goroutines for this conn
+	acked    bool          // hello-ack sent at least once
+	pinged   bool          // a ping is outstanding
+	ponged   bool          // it was answered
+	missed   int           // consecutive unanswered pings
+	since    int64         // ms when the socket was accepted
+	appBeats bool          // the tab sends {t:'ping'} heartbeats: no WebSocket pings needed
+	lastBeat atomic.Int64  // ms of its last sign of life (any frame, or a pong)
+	inWait   bool          // the reader is in waitIdle (guarded by mu)
+	kicked   bool          // the registry loop ended that wait: the tab is idle (guarded by mu)
+
+	in      inbound       // the socket's inbound frame and byte rates (kept across parks)
+	br      *bufio.Reader // the socket's read buffer (from Hijack), for parking
+	closeMu sync.Mutex    // held around ws.Close, whose handshake reads br too
+	fd      int           // the socket's file descriptor (-1 = unknown: never parked)
+	parkID  int32         // non-zero while parked (guarded by Registry.park.mu)
+	reads   atomic.Uint64 // frames read; the loop compares it between ticks
+	seen    uint64        // reads at the loop's last tick (loop goroutine only)
 }
 
 // closeGrace bounds a server-initiated close handshake.
 const closeGrace = time.Second
 
-// hijackRecorder keeps the net.Conn that websocket.Accept hijacks.
+// hijackRecorder keeps the net.Conn that websocket.Accept hijacks, and
+// hands the library small buffers: net/http gives the hijacker its 4 KiB
+// read buffer and a fresh 4 KiB write buffer, which an idle tab would keep
+// for its whole life (8 KiB of its memory). Frames larger than a buffer are
+// read and written past it, so only small frames go through them.
 type hijackRecorder struct {
 	http.ResponseWriter
 	nc net.Conn
+	br *bufio.Reader
 }
+
+// Buffer sizes of an accepted socket: a ping, a log-append or an rpc frame
+// fits in one read or write.
+const (
+	readBufSize  = 512
+	writeBufSize = 256
+)
 
 func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	nc, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
+	if err != nil {
+		return nc, brw, err
+	}
 	h.nc = nc
-	return nc, brw, err
+	br := bufio.NewReaderSize(nc, readBufSize)
+	if n := brw.Reader.Buffered(); n > 0 {
+		// Bytes the client sent right after its request (its first frames)
+		// must stay buffered: websocket.Accept keeps what the reader it
+		// gets has buffered and reads the rest from the connection.
+		early, _ := brw.Reader.Peek(n)
+		br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(early)), nc), max(readBufSize, n))
+		if _, err := br.Peek(n); err != nil {
+			return nc, brw, err
+		}
+	}
+	if err := brw.Writer.Flush(); err != nil {
+		return nc, brw, err
+	}
+	h.br = br
+	return nc, bufio.NewReadWriter(br, bufio.NewWriterSize(nc, writeBufSize)), nil
 }
 
 // refuse writes the JSON error envelope and audits the refusal.
-func (r *Registry) refuse(w http.ResponseWriter, status int, code, detail, tid string) {
+func (r *Registry) refuse(w http.ResponseWriter, req *http.Request, status int, code, detail, tid string) {
 	r.refused.Add(1)
 	body := map[string]any{"code": code}
 	if detail != "" {
@@ -88,8 +134,19 @@ func (r *Registry) refuse(w http.ResponseWriter, status int, code, detail, tid s
 	}
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": body})
-	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventRefused,
-		Detail: map[string]any{"endpoint": wsEndpoint, "status": status, "code": code}})
+	// Within the client's audit budget: a flood of refused upgrades becomes
+	// one counted entry per interval.
+	ip := remoteHost(req)
+	r.cfg.Audit.RecordLimited(context.Background(), "ip:"+ip, audit.Entry{TID: tid, Event: audit.EventRefused,
+		Detail: map[string]any{"endpoint": wsEndpoint, "status": status, "code": code, "client": ip}})
+}
+
+// remoteHost is the peer's address without the port.
+func remoteHost(req *http.Request) string {
+	if h, _, err := net.SplitHostPort(req.RemoteAddr); err == nil {
+		return h
+	}
+	return req.RemoteAddr
 }
 
 // originAllowed is the CSWSH defence: no Origin (not a browser), an
@@ -180,58 +237,60 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	r.mu.Unlock()
 	if shutting {
-		r.refuse(w, http.StatusServiceUnavailable, "shutting-down", "", "")
+		r.refuse(w, req, http.StatusServiceUnavailable, "shutting-down", "", "")
 		return
 	}
 	defer r.wg.Done()
 
 	if req.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
-		r.refuse(w, http.StatusMethodNotAllowed, "method-not-allowed", "use GET with a WebSocket upgrade", "")
+		r.refuse(w, req, http.StatusMethodNotAllowed, "method-not-allowed", "use GET with a WebSocket upgrade", "")
 		return
 	}
 	if !r.originAllowed(req) {
-		r.refuse(w, http.StatusForbidden, "forbidden-origin", "Origin "+strconv.Quote(req.Header.Get("Origin"))+" is not allowed", "")
+		r.refuse(w, req, http.StatusForbidden, "forbidden-origin", "Origin "+strconv.Quote(req.Header.Get("Origin"))+" is not allowed", "")
 		return
 	}
 	token := bearer(req)
 	if token == "" {
-		r.refuse(w, http.StatusUnauthorized, "auth-failed", "missing token", "")
+		r.refuse(w, req, http.StatusUnauthorized, "auth-failed", "missing token", "")
 		return
 	}
 	if !isUpgrade(req) {
-		r.refuse(w, http.StatusBadRequest, "invalid", "expected a WebSocket upgrade", "")
+		r.refuse(w, req, http.StatusBadRequest, "invalid", "expected a WebSocket upgrade", "")
 		return
 	}
-	ctx := req.Context()
-	var rec tokens.Record
-	var repair bool
-	var err error
-	if r.cl != nil {
-		aside(func() {
-			r.cl.orphaned(ctx, token)
-			rec, repair, err = r.cfg.Tokens.AcceptTab(ctx, token, protocolValue(req, TabProtocolPrefix))
-		})
-	} else {
-		rec, repair, err = r.cfg.Tokens.AcceptTab(ctx, token, protocolValue(req, TabProtocolPrefix))
-	}
+	// The token is checked, and nothing is changed, before the upgrade: an
+	// upgrade that fails leaves the session as it was.
+	tabSecret := protocolValue(req, TabProtocolPrefix)
+	rec, err := r.cfg.Tokens.CheckAcceptTab(req.Context(), token, tabSecret)
 	switch {
 	case errors.Is(err, tokens.ErrTabSecret):
-		r.refuse(w, http.StatusUnauthorized, "auth-failed", "this session's socket opens with its tab secret (sub-protocol lapd.tab.<secret>), which only the tab that minted it holds", rec.TID)
+		r.refuse(w, req, http.StatusUnauthorized, "auth-failed", "this session's socket opens with its tab secret (sub-protocol lapd.tab.<secret>), which only the tab that minted it holds", rec.TID)
 		return
 	case errors.Is(err, tokens.ErrRevoked):
-		r.refuse(w, http.StatusForbidden, "revoked", "token revoked", rec.TID)
+		r.refuse(w, req, http.StatusForbidden, "revoked", "token revoked", rec.TID)
 		return
 	case errors.Is(err, tokens.ErrMalformed), errors.Is(err, tokens.ErrUnknown), errors.Is(err, tokens.ErrExpired):
-		r.refuse(w, http.StatusUnauthorized, "auth-failed", "invalid or expired token", rec.TID)
+		r.refuse(w, req, http.StatusUnauthorized, "auth-failed", "invalid or expired token", rec.TID)
 		return
 	case err != nil:
 		r.cfg.Logger.Error("pairing: accepting a token failed", "err", err)
-		r.refuse(w, http.StatusInternalServerError, "internal", "token store unavailable", rec.TID)
+		r.refuse(w, req, http.StatusInternalServerError, "internal", "token store unavailable", rec.TID)
+		return
+	}
+	if r.cl != nil {
+		// A tab whose node died: its record is still active and no node
+		// holds it; make this accept a re-pair (cluster.go).
+		r.cl.orphaned(req.Context(), token)
+	}
+	s := r.reserve(rec.TID)
+	if s == nil {
+		r.refuse(w, req, http.StatusServiceUnavailable, "shutting-down", "", rec.TID)
 		return
 	}
 
-	c := &conn{r: r, repair: repair, tab: rec.TabHash != ""}
+	c := &conn{r: r, s: s, tab: rec.TabHash != ""}
 	hr := &hijackRecorder{ResponseWriter: w}
 	ws, err := websocket.Accept(hr, req, &websocket.AcceptOptions{
 		Subprotocols: []string{Subprotocol},
@@ -239,54 +298,172 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		// X-Forwarded-* support), so the library's own check is skipped.
 		InsecureSkipVerify: true,
 		CompressionMode:    websocket.CompressionDisabled,
-		OnPongReceived:     func(context.Context, []byte) { c.heartbeat() },
+		OnPongReceived:     func(context.Context, []byte) { c.heartbeat(false) },
 	})
 	if err != nil {
 		r.refused.Add(1)
 		r.cfg.Logger.Info("pairing: WebSocket upgrade failed", "tid", rec.TID, "err", err)
-		_, _ = r.cfg.Tokens.Disconnected(context.Background(), rec.TID)
+		r.unreserve(s)
 		return
 	}
 	ws.SetReadLimit(r.cfg.MaxFrame)
-	c.ws, c.nc = ws, hr.nc
+	c.ws, c.nc, c.br = ws, hr.nc, hr.br
+	c.fd = connFD(hr.nc)
+	c.in = r.newInbound()
+	c.since = time.Now().UnixMilli()
+	c.lastBeat.Store(c.since)
 	if r.cl != nil && !c.tab && !r.holds(rec.TID) {
 		// Superseding a live socket on another node without the tab
 		// secret: as for a local one, this socket may not approve.
-		aside(func() { c.noApprove = r.cl.liveElsewhere(rec.TID) })
+		c.noApprove = r.cl.liveElsewhere(rec.TID)
 	}
-	old, ok := r.register(rec.TID, c)
-	if !ok { // Shutdown began meanwhile
-		_, _ = r.cfg.Tokens.Disconnected(context.Background(), rec.TID)
+	repair, old, code, err := r.connect(s, c, rec.TokenHash, tabSecret)
+	if err != nil {
+		if code == CloseRestart {
+			r.refused.Add(1)
+		} else {
+			r.cfg.Logger.Info("pairing: the token changed during the upgrade", "tid", rec.TID, "err", err)
+		}
 		if c.nc != nil {
 			_ = c.nc.SetDeadline(time.Now().Add(closeGrace))
 		}
-		ws.Close(CloseRestart, "server restarting")
+		ws.Close(websocket.StatusCode(code), closeText(code))
 		return
 	}
+	c.repair = repair
 	if old != nil {
-		r.cfg.Audit.Record(ctx, audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventSupersede,
+		r.cfg.Audit.Record(context.Background(), audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventSupersede,
 			Detail: map[string]any{"tabSecret": c.tab, "approvals": !c.noApprove}})
 	}
-	r.cfg.Audit.Record(ctx, audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventClaim,
+	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: rec.TID, UID: rec.UID, Event: audit.EventClaim,
 		Detail: map[string]any{"transport": "ws", "repair": repair}})
-	err = c.readLoop()
-	r.connGone(c, err)
+	// The socket is served by a goroutine of its own, and this handler
+	// returns: the HTTP server's goroutine (its stack grown by serving the
+	// request) and the request's memory do not stay with an idle tab. The
+	// count taken here is the socket's until connGone, parked or not.
+	r.wg.Add(1) // legal: this handler holds a count
+	go c.serve()
 }
 
-// register makes c the tid's socket; an older live one is superseded (and
+// errParked: the reader parked the socket (see parker) and exits.
+var errParked = errors.New("pairing: parked")
+
+// serve reads the socket until it ends, or parks it.
+func (c *conn) serve() {
+	err := c.readLoop()
+	if err == errParked {
+		return // the parker runs serve again when the tab sends something
+	}
+	c.r.connGone(c, err)
+	c.r.wg.Done()
+}
+
+// reserve notes that a socket for tid is being upgraded (nil while
+// shutting down). Until the socket is registered (connect) or its upgrade
+// fails (unreserve), a socket of tid that closes does not move the token
+// record to pending-resume: that would mark the new, live socket's session
+// disconnected (see afterClose).
+func (r *Registry) reserve(tid string) *session {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.shutting {
+		return nil
+	}
+	s := r.sessions[tid]
+	if s == nil {
+		s = &session{tid: tid}
+		r.sessions[tid] = s
+	}
+	if s.closedElem != nil { // kept while the upgrade runs
+		r.closed.Remove(s.closedElem)
+		s.closedElem = nil
+	}
+	s.stateMu.Lock()
+	s.pending++
+	s.stateMu.Unlock()
+	return s
+}
+
+// unreserve ends a reservation whose upgrade failed: nothing changes,
+// except that a disconnect deferred for this upgrade is applied now.
+func (r *Registry) unreserve(s *session) {
+	s.stateMu.Lock()
+	s.pending--
+	applyDue := s.pending == 0 && s.disconnectDue && s.socket() == nil
+	if s.pending == 0 {
+		s.disconnectDue = false
+	}
+	if applyDue {
+		r.markDisconnected(s.tid)
+	}
+	s.stateMu.Unlock()
+	r.mu.Lock()
+	if s.socket() == nil && !s.dropped && r.sessions[s.tid] == s && s.closedElem == nil {
+		s.closedAt = time.Now()
+		s.closedElem = r.closed.PushBack(s)
+		r.trimClosedLocked()
+	}
+	r.mu.Unlock()
+}
+
+// connect moves the token record for c's now open socket (Connected) and
+// registers c as s's socket, superseding an older one, as one step with
+// respect to the session's other state changes. On error c must be closed
+// with code.
+func (r *Registry) connect(s *session, c *conn, tokenHash, tabSecret string) (repair bool, old *conn, code int, err error) {
+	if r.testHookConnect != nil {
+		r.testHookConnect(s.tid)
+	}
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	s.pending--
+	due := s.disconnectDue && s.pending == 0
+	if s.pending == 0 {
+		s.disconnectDue = false
+	}
+	_, repair, err = r.cfg.Tokens.Connected(context.Background(), s.tid, tokenHash, tabSecret)
+	if err != nil {
+		if due && s.socket() == nil {
+			r.markDisconnected(s.tid)
+		}
+		code := int(websocket.StatusInternalError) // the store failed: the tab may retry
+		if errors.Is(err, tokens.ErrRevoked) || errors.Is(err, tokens.ErrExpired) || errors.Is(err, tokens.ErrUnknown) || errors.Is(err, tokens.ErrTabSecret) {
+			code = CloseRevoked
+		}
+		return false, nil, code, err
+	}
+	old, ok := r.register(s, c)
+	if !ok { // Shutdown began meanwhile
+		r.markDisconnected(s.tid)
+		return false, nil, CloseRestart, ErrClosed
+	}
+	return repair, old, 0, nil
+}
+
+// closeText is the close reason sent with a code from connect.
+func closeText(code int) string {
+	switch code {
+	case CloseRestart:
+		return "server restarting"
+	case CloseRevoked:
+		return "token no longer valid"
+	}
+	return "token store unavailable"
+}
+
+// register makes c s's socket; an older live one is superseded (and
 // returned). A socket without the tab secret that supersedes a live one may
-// not approve. false when Shutdown began.
-func (r *Registry) register(tid string, c *conn) (*conn, bool) {
+// not approve. false when Shutdown began or s was dropped meanwhile.
+func (r *Registry) register(s *session, c *conn) (*conn, bool) {
 	now := time.Now().UnixMilli()
 	r.mu.Lock()
 	if r.shutting {
 		r.mu.Unlock()
 		return nil, false
 	}
-	s := r.sessions[tid]
-	if s == nil {
-		s = &session{tid: tid}
-		r.sessions[tid] = s
+	if r.sessions[s.tid] != s { // dropped (revoked) during the upgrade
+		r.mu.Unlock()
+		return nil, false
 	}
 	if s.closedElem != nil {
 		r.closed.Remove(s.closedElem)
@@ -306,7 +483,7 @@ func (r *Registry) register(tid string, c *conn) (*conn, bool) {
 	}
 	r.mu.Unlock()
 	if r.cl != nil {
-		aside(func() { r.cl.own(tid) })
+		r.cl.own(s.tid)
 	}
 	if old != nil {
 		old.mu.Lock()
@@ -353,7 +530,7 @@ func (r *Registry) connGone(c *conn, readErr error) {
 		// the calls that were in flight on this socket fail, so that their
 		// 503 paused carries the grace left, as a call made after the drop
 		// would, not the 5 s of a tab that never connected.
-		r.afterClose(s.tid, closeReason(code, readErr))
+		r.afterClose(s, closeReason(code, readErr))
 		orphans.fail(ErrPaused)
 	}
 }
@@ -422,16 +599,19 @@ func (c *conn) enqueue(b []byte) error {
 	c.q = append(c.q, b)
 	if !c.writing {
 		c.writing = true
+		c.wdone = make(chan struct{})
 		c.r.wg.Add(1) // legal: the live reader holds a count (c.gone is false)
-		go c.writeLoop()
+		go c.writeLoop(c.wdone)
 	}
 	c.mu.Unlock()
 	return nil
 }
 
-// writeLoop drains the queue and exits when it is empty.
-func (c *conn) writeLoop() {
+// writeLoop drains the queue and exits when it is empty (or the socket is
+// closing: close writes what is left after this writer's batch).
+func (c *conn) writeLoop(done chan struct{}) {
 	defer c.r.wg.Done()
+	defer close(done)
 	for {
 		c.mu.Lock()
 		c.inFlight = 0
@@ -448,12 +628,17 @@ func (c *conn) writeLoop() {
 			ctx, cancel := context.WithTimeout(context.Background(), c.r.cfg.WriteTimeout)
 			err := c.ws.Write(ctx, websocket.MessageText, b)
 			cancel()
+			if err == nil {
+				c.r.framesOut.Add(1)
+				c.r.bytesOut.Add(int64(len(b)))
+			}
 			batch[i] = nil
 			if err != nil {
 				c.mu.Lock()
 				c.writing, c.inFlight, c.q = false, 0, nil
 				c.mu.Unlock()
-				c.ws.CloseNow() // the reader sees it and cleans up
+				c.r.park.unpark(c) // a reader must see the close and clean up
+				c.ws.CloseNow()
 				return
 			}
 		}
@@ -471,13 +656,25 @@ func (c *conn) close(code int, reason string) {
 	c.code = code
 	pending := c.q
 	c.q = nil
+	writer := c.wdone
+	if !c.writing {
+		writer = nil
+	}
 	c.r.wg.Add(1)
 	c.mu.Unlock()
+	c.r.park.unpark(c) // before the socket closes: a reader must clean up
 	go func() {
 		defer c.r.wg.Done()
-		// Frames queued before the close (e.g. {t:'revoked'}) go out first,
-		// unless the writer is stuck.
+		// Frames queued before the close (e.g. {t:'revoked'}) go out first:
+		// the writer's batch in flight, then what was still queued, unless
+		// the writer is stuck.
 		ctx, cancel := context.WithTimeout(context.Background(), closeGrace)
+		if writer != nil {
+			select {
+			case <-writer:
+			case <-ctx.Done():
+			}
+		}
 		if code == CloseQueueOverflow {
 			pending = nil
 		}
@@ -485,6 +682,8 @@ func (c *conn) close(code int, reason string) {
 			if c.ws.Write(ctx, websocket.MessageText, b) != nil {
 				break
 			}
+			c.r.framesOut.Add(1)
+			c.r.bytesOut.Add(int64(len(b)))
 		}
 		cancel()
 		// A tab that stopped reading never answers the close frame: bound
@@ -492,26 +691,37 @@ func (c *conn) close(code int, reason string) {
 		if c.nc != nil {
 			_ = c.nc.SetDeadline(time.Now().Add(closeGrace))
 		}
+		c.closeMu.Lock()
 		c.ws.Close(websocket.StatusCode(code), reason)
+		c.closeMu.Unlock()
 	}()
 }
 
-// heartbeat records a sign of life (a pong, or a {t:'ping'} frame).
-func (c *conn) heartbeat() {
+// heartbeat records a sign of life (a pong, or a {t:'ping'} frame: app
+// true).
+func (c *conn) heartbeat(app bool) {
 	c.mu.Lock()
 	c.ponged, c.missed = true, 0
+	c.lastBeat.Store(time.Now().UnixMilli())
+	if app {
+		c.appBeats = true
+	}
 	c.mu.Unlock()
 	c.s.mu.Lock()
 	c.s.lastHB = time.Now().UnixMilli()
 	c.s.mu.Unlock()
 }
 
-// loop is the registry-wide heartbeat and sweep loop. It exits on Shutdown or
-// when no tid is left.
+// loop is the registry-wide heartbeat, park and sweep loop: every tick
+// (a third of PingInterval, at most parkAfter) it trims closed sessions and
+// kicks idle readers so they park; every PingInterval it pings. It exits on
+// Shutdown or when no tid is left.
 func (r *Registry) loop() {
 	defer r.wg.Done()
-	t := time.NewTicker(r.cfg.PingInterval)
+	tick := min(r.cfg.PingInterval/3, parkAfter)
+	t := time.NewTicker(tick)
 	defer t.Stop()
+	lastPing := time.Now()
 	for {
 		select {
 		case <-r.stop:
@@ -534,17 +744,51 @@ func (r *Registry) loop() {
 			s.mu.Unlock()
 		}
 		r.mu.Unlock()
+		pingNow := time.Since(lastPing) >= r.cfg.PingInterval-tick/2
+		if pingNow {
+			lastPing = time.Now()
+		}
 		for _, c := range conns {
-			c.ping()
+			c.kickIfIdle()
+			if pingNow {
+				c.ping()
+			}
 		}
 	}
 }
 
+// parkAfter bounds how long a tab with nothing to read keeps its reader
+// goroutine before it is parked (at the next tick of the loop after that).
+const parkAfter = time.Second
+
 // ping checks the last ping's answer and sends the next one. The goroutine
 // that sends it lives until the pong (about a round trip) or PingInterval.
+//
+// A tab that sends its own {t:'ping'} heartbeats (lapd.js does, every
+// hello-ack heartbeatMs) gets no WebSocket pings: it is closed (4408) when
+// it has sent nothing for two intervals and a half. Besides saving a frame
+// each way, that keeps an idle tab's reader parked outside the WebSocket
+// library (a pong is read inside it).
 func (c *conn) ping() {
 	c.mu.Lock()
 	if c.closing || c.gone {
+		c.mu.Unlock()
+		return
+	}
+	now := time.Now().UnixMilli()
+	if c.appBeats {
+		silent := now - c.lastBeat.Load()
+		c.mu.Unlock()
+		if silent > (c.r.cfg.PingInterval * 5 / 2).Milliseconds() {
+			c.r.hbCloses.Add(1)
+			c.close(CloseHeartbeat, "heartbeat missed")
+		}
+		return
+	}
+	if now-c.since < (c.r.cfg.PingInterval * 3 / 2).Milliseconds() {
+		// A new socket gets an interval and a half to show that it sends
+		// its own heartbeats (lapd.js's first comes one interval after
+		// hello-ack) before WebSocket pings start.
 		c.mu.Unlock()
 		return
 	}
@@ -576,27 +820,105 @@ const maxPooledBuf = 64 << 10
 var errFrameTooBig = errors.New("pairing: inbound frame over MaxFrame")
 
 // readLoop reads frames until the socket ends and returns why it ended.
+//
+// Idle, it waits for the next byte in waitReadable, called from this small
+// frame, rather than deep inside the WebSocket library's reader: an idle
+// tab's goroutine then uses little of its stack, which the runtime shrinks
+// (to 4 KiB; see docs/PERFORMANCE.md).
 func (c *conn) readLoop() error {
-	in := c.r.newInbound()
 	for {
-		_, rd, err := c.ws.Reader(context.Background())
-		if err != nil {
+		if c.bufferEmpty() && c.waitIdle() && c.r.park.park(c) {
+			return errParked
+		}
+		if err := c.readFrame(); err != nil {
 			return err
 		}
-		buf := bufPool.Get().(*bytes.Buffer)
-		buf.Reset()
-		_, err = buf.ReadFrom(rd)
-		if err == nil {
-			in.wait(c.r, buf.Len())
-			c.handle(buf.Bytes())
-		} else if int64(buf.Len()) >= c.r.cfg.MaxFrame {
-			err = errFrameTooBig // the library has closed the socket with 1009
-		}
-		if buf.Cap() <= maxPooledBuf {
-			bufPool.Put(buf)
-		}
-		if err != nil {
-			return err
-		}
+		c.reads.Add(1)
+		c.lastBeat.Store(time.Now().UnixMilli())
+	}
+}
+
+// bufferEmpty reports whether no byte waits in the read buffer (only then
+// may the reader wait on the socket itself). While lapd closes the socket
+// the library's close handshake reads the buffer: then it waits for that.
+func (c *conn) bufferEmpty() bool {
+	if c.br == nil {
+		return false
+	}
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	return c.br.Buffered() == 0
+}
+
+// waitIdle waits until the socket has something to read; true means the
+// registry loop found the tab idle meanwhile (kick), so it may be parked.
+func (c *conn) waitIdle() bool {
+	c.mu.Lock()
+	if c.closing || c.gone {
+		c.mu.Unlock()
+		return false
+	}
+	c.inWait = true
+	c.mu.Unlock()
+	waitReadable(c.nc)
+	c.mu.Lock()
+	c.inWait = false
+	kicked := c.kicked
+	c.kicked = false
+	c.mu.Unlock()
+	if kicked {
+		// The kick set a past read deadline to end the wait; clear it
+		// before anything reads (no new kick can come: inWait is false).
+		_ = c.nc.SetReadDeadline(time.Time{})
+	}
+	return kicked
+}
+
+// kickIfIdle ends the reader's wait when no frame arrived since the last
+// tick, so that it parks. Called by the registry loop only.
+func (c *conn) kickIfIdle() {
+	n := c.reads.Load()
+	idle := n == c.seen
+	c.seen = n
+	if !idle {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inWait && !c.kicked && !c.closing && !c.gone && c.fd >= 0 {
+		c.kicked = true
+		_ = c.nc.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// readFrame reads and handles one frame.
+//
+//go:noinline
+func (c *conn) readFrame() error {
+	_, rd, err := c.ws.Reader(context.Background())
+	if err != nil {
+		return err
+	}
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	_, err = buf.ReadFrom(rd)
+	kept := false
+	if err == nil {
+		c.r.framesIn.Add(1)
+		c.r.bytesIn.Add(int64(buf.Len()))
+		kept = c.handle(buf) // waits for the socket's inbound rates first
+	} else if int64(buf.Len()) >= c.r.cfg.MaxFrame {
+		err = errFrameTooBig // the library has closed the socket with 1009
+	}
+	if !kept {
+		putReadBuf(buf)
+	}
+	return err
+}
+
+// putReadBuf returns a read buffer to the pool (big ones are dropped).
+func putReadBuf(buf *bytes.Buffer) {
+	if buf.Cap() <= maxPooledBuf {
+		bufPool.Put(buf)
 	}
 }

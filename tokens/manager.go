@@ -190,26 +190,47 @@ func (m *Manager) Accept(ctx context.Context, token string) (rec Record, repair 
 	return m.AcceptTab(ctx, token, "")
 }
 
-// AcceptTab is called before a WebSocket upgrade. It verifies the token and
-// the tab secret (ErrTabSecret when the session has one and tabSecret is not
-// it, or tabSecret is given for a session without one), refuses a
-// pending-resume record past its grace (ErrExpired), and moves the record to
-// awaiting-claude (or back to active when it was pending-resume inside grace:
-// repair=true). rec.TabHash != "" tells the caller the socket proved the tab
-// secret.
+// AcceptTab is CheckAcceptTab and Connected in one step, for callers that
+// have no upgrade that could fail in between.
 func (m *Manager) AcceptTab(ctx context.Context, token, tabSecret string) (rec Record, repair bool, err error) {
-	found, err := m.Verify(ctx, token)
+	found, err := m.CheckAcceptTab(ctx, token, tabSecret)
 	if err != nil {
 		return found, false, err
 	}
-	if !tabOK(found, tabSecret) {
-		return found, false, ErrTabSecret
+	return m.Connected(ctx, found.TID, found.TokenHash, tabSecret)
+}
+
+// CheckAcceptTab is called before a WebSocket upgrade and changes nothing.
+// It verifies the token (the errors of Verify) and the tab secret
+// (ErrTabSecret when the session has one and tabSecret is not it, or
+// tabSecret is given for a session without one), and refuses a
+// pending-resume record past its grace (ErrExpired). The upgrade may still
+// fail; only Connected, once the socket is up, moves the record.
+// rec.TabHash != "" tells the caller the socket proves the tab secret.
+func (m *Manager) CheckAcceptTab(ctx context.Context, token, tabSecret string) (Record, error) {
+	rec, err := m.Verify(ctx, token)
+	if err != nil {
+		return rec, err
 	}
-	rec, err = m.cfg.Store.Update(ctx, found.TID, func(r *Record) error {
+	if !tabOK(rec, tabSecret) {
+		return rec, ErrTabSecret
+	}
+	if rec.Status == StatusPendingResume && !insideGrace(rec, m.Now()) {
+		return rec, ErrExpired
+	}
+	return rec, nil
+}
+
+// Connected records that a socket for tid, opened with the token whose hash
+// is tokenHash (and tabSecret), is now up: the record moves to
+// awaiting-claude (or back to active when it was pending-resume inside its
+// grace: repair=true). The record is checked again first (revoked, expired,
+// claimed with new credentials meanwhile: the error of CheckAcceptTab, and
+// the socket must be closed).
+func (m *Manager) Connected(ctx context.Context, tid, tokenHash, tabSecret string) (rec Record, repair bool, err error) {
+	rec, err = m.cfg.Store.Update(ctx, tid, func(r *Record) error {
 		now := m.Now()
-		// Re-check inside the transaction: the record may have moved on
-		// (revoked, claimed with a new hash) since Verify read it.
-		if r.TokenHash != found.TokenHash {
+		if r.TokenHash != tokenHash {
 			return ErrUnknown
 		}
 		if !tabOK(*r, tabSecret) {
@@ -284,6 +305,9 @@ func (m *Manager) Touch(ctx context.Context, tid string) error {
 	// not written again: on the LAP hot path this turns a write transaction
 	// per call into a read.
 	now := m.Now()
+	if t, ok := m.cfg.Store.(Toucher); ok {
+		return t.Touch(ctx, tid, now)
+	}
 	if rec, err := m.cfg.Store.Get(ctx, tid); err == nil && now-rec.LastSeenAt < TouchResolution.Milliseconds() && now >= rec.LastSeenAt {
 		return nil
 	}

@@ -138,6 +138,24 @@ func TestSQLiteStoresShareFile(t *testing.T) {
 	}
 }
 
+// TestCachedStore runs the contract suite through the cache, over the
+// memory store and over SQLite.
+func TestCachedStore(t *testing.T) {
+	t.Parallel()
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, func(t *testing.T) tokens.Store {
+			return tokens.NewCachedStore(tokens.NewMemoryStore(), tokens.CacheConfig{})
+		})
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, func(t *testing.T) tokens.Store {
+			return tokens.NewCachedStore(openSQLite(t), tokens.CacheConfig{})
+		})
+	})
+}
+
 // A lapd.db written by a lapd before tab secrets (schema 1) opens, keeps
 // its records and gains the tab_hash column.
 func TestSQLiteStoreMigratesFromV1(t *testing.T) {

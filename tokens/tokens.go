@@ -17,7 +17,8 @@
 //
 //	n, err := m.AfterRestart(ctx)                     // start-up: sockets of a crashed process are gone
 //	token, tab, rec, err := m.MintTab(ctx, uid, origin, "") // POST /agent/mint: show both once
-//	rec, repair, err := m.AcceptTab(ctx, token, tab)  // before the WebSocket upgrade
+//	rec, err := m.CheckAcceptTab(ctx, token, tab)     // before the WebSocket upgrade: changes nothing
+//	rec, repair, err := m.Connected(ctx, rec.TID, rec.TokenHash, tab) // once the socket is up
 //	rec, err = m.Verify(ctx, token)                   // every LAP call: 401/403 on error
 //	rec, changed, err := m.Activate(ctx, rec.TID)     // first LAP call: push {t:'active'}
 //	rec, err = m.Disconnected(ctx, rec.TID)           // socket closed: grace starts
@@ -42,6 +43,12 @@
 // share one database with the confirm and audit tables via
 // NewSQLiteStoreDB). Every Store implementation must pass
 // tokens/storetest.Run.
+//
+// A LAP call verifies its bearer, re-reads the record and touches
+// LastSeenAt: put a CachedStore in front of a store that does I/O (lapd
+// does for SQLite) and those are memory reads, with LastSeenAt written
+// behind (Manager.Touch uses a Store's Touch when it has one). The cache's
+// doc says what it promises to a store shared by several processes.
 package tokens
 
 import (

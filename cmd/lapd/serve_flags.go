@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/mcp"
 )
 
@@ -30,12 +31,16 @@ type serveConfig struct {
 	LAPRate         int
 	MintRate        int
 	Audit           string
+	AuditRetention  string
 	LogLevel        string
 	LogFormat       string
 	Demo            bool
 	MCP             bool
 	Tools           string
 	ShutdownTimeout time.Duration
+	Pprof           string
+	AdminAddr       string // "" = no admin listener
+	AdminToken      string
 	MaxKeptMiB      int
 
 	NATS        string // cluster: NATS URL(s), comma-separated
@@ -78,12 +83,16 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.Int(&c.LAPRate, "lap-rate", 30, "LAP calls per minute per token (burst the same)")
 	fs.Int(&c.MintRate, "mint-rate", 30, "mints per minute per identity or client IP (burst the same)")
 	fs.String(&c.Audit, "audit", "stdout", "audit sinks, comma-separated: stdout, file:PATH, sqlite (in --data-dir), nats (the cluster's stream; on by default with --nats), none")
+	fs.String(&c.AuditRetention, "audit-retention", "30d,1GiB", "what the file and sqlite audit sinks keep: a maximum age (30d, 12h) and/or size (1GiB, 500MB), comma-separated; off = everything")
 	fs.String(&c.LogLevel, "log-level", "info", "debug, info, warn, error")
 	fs.String(&c.LogFormat, "log-format", "text", "text or json (logs go to stderr)")
 	fs.Bool(&c.Demo, "demo", true, "serve the demo app at /")
 	fs.Bool(&c.MCP, "mcp", true, "serve the MCP Streamable HTTP endpoint at /agent/mcp")
 	fs.String(&c.Tools, "tools", "core", "MCP tools listed at /agent/mcp: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
 	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
+	fs.String(&c.Pprof, "pprof", "", "serve Go's profiler (net/http/pprof) on this separate address, e.g. 127.0.0.1:6060; off by default, never expose it")
+	fs.String(&c.AdminAddr, "admin-addr", "", "serve the admin console (/admin/), /metrics, pprof and health on this separate address, e.g. 127.0.0.1:9090 (a bare :9090 means loopback); off when empty")
+	fs.String(&c.AdminToken, "admin-token", "", "token required by the admin listener (at least 16 characters; prefer the env variable to the flag, which other users can see in ps); without it only loopback clients are served")
 	fs.Int(&c.MaxKeptMiB, "max-kept-mib", 512, "ceiling in MiB of session data kept in memory (log rings, hellos, kept outcomes, idempotent results, compiled policies); over it lapd sheds the heaviest sessions' oldest data and logs it")
 	fs.String(&c.NATS, "nats", "", "join a cluster: NATS server URL(s), comma-separated (nats://host:4222); tokens and approvals then live in JetStream KV and every node serves every tab (docs/CLUSTER.md)")
 	fs.String(&c.NATSCreds, "nats-creds", "", "NATS credentials file (JWT + nkey), for --nats")
@@ -128,6 +137,9 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 			return c, usageError{fmt.Sprintf("--cluster-name %q: use letters, digits, - and _ only", c.ClusterName)}
 		}
 	}
+	if _, err := parseRetention(c.AuditRetention); err != nil {
+		return c, usageError{"--audit-retention: " + err.Error()}
+	}
 	if c.MaxKeptMiB < 16 {
 		return c, usageError{"--max-kept-mib must be at least 16"}
 	}
@@ -140,12 +152,64 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return c, usageError{fmt.Sprintf("--addr %q: want host:port, such as 127.0.0.1:8787 or 0.0.0.0:8787", c.Addr)}
 	}
+	if err := checkAdmin(&c); err != nil {
+		return c, err
+	}
 	origins, err := parseOrigins(c.Origins)
 	if err != nil {
 		return c, err
 	}
 	c.Origins = strings.Join(origins, ",")
 	return c, nil
+}
+
+// parseRetention reads --audit-retention: "off", or an age (a Go duration,
+// or whole days like 30d) and/or a size (1GiB, 500MB, 64KiB, 1000B),
+// comma-separated.
+func parseRetention(s string) (audit.Retention, error) {
+	var r audit.Retention
+	if strings.TrimSpace(s) == "off" || strings.TrimSpace(s) == "0" {
+		return r, nil
+	}
+	for _, p := range splitList(s) {
+		if n, ok := parseSize(p); ok {
+			if n <= 0 || r.MaxBytes != 0 {
+				return r, fmt.Errorf("%q: give one positive size, like 1GiB", p)
+			}
+			r.MaxBytes = n
+			continue
+		}
+		d, err := time.ParseDuration(p)
+		if days, ok := strings.CutSuffix(p, "d"); ok && err != nil {
+			var n int
+			if _, serr := fmt.Sscanf(days, "%d", &n); serr == nil && fmt.Sprint(n) == days {
+				d, err = time.Duration(n)*24*time.Hour, nil
+			}
+		}
+		if err != nil || d <= 0 || r.MaxAge != 0 {
+			return r, fmt.Errorf("%q is neither an age like 30d or 12h nor a size like 1GiB (or \"off\")", p)
+		}
+		r.MaxAge = d
+	}
+	return r, nil
+}
+
+// parseSize reads 1GiB, 500MB, 64KiB, 1000B.
+func parseSize(s string) (int64, bool) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	for _, u := range units {
+		if num, ok := strings.CutSuffix(s, u.suffix); ok {
+			var n int64
+			if _, err := fmt.Sscanf(num, "%d", &n); err != nil || fmt.Sprint(n) != num {
+				return 0, false
+			}
+			return n * u.mult, true
+		}
+	}
+	return 0, false
 }
 
 // parseOrigins checks --origins: each entry must be an origin as a browser
@@ -213,4 +277,49 @@ func isLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// checkAdmin validates --admin-addr and --admin-token: an address with no
+// host (":9090") or a bare port listens on loopback; a non-loopback address
+// needs a token; the admin address is never the public one.
+func checkAdmin(c *serveConfig) error {
+	if c.AdminToken != "" && len(c.AdminToken) < 16 {
+		return usageError{"--admin-token must be at least 16 characters (e.g. openssl rand -hex 24)"}
+	}
+	if c.AdminAddr == "" {
+		if c.AdminToken != "" {
+			return usageError{"--admin-token needs --admin-addr (the admin console listens on its own address)"}
+		}
+		return nil
+	}
+	if _, err := strconv.Atoi(c.AdminAddr); err == nil {
+		c.AdminAddr = ":" + c.AdminAddr
+	}
+	host, port, err := net.SplitHostPort(c.AdminAddr)
+	if err != nil {
+		return usageError{fmt.Sprintf("--admin-addr %q: want host:port, such as 127.0.0.1:9090", c.AdminAddr)}
+	}
+	if host == "" {
+		host = "127.0.0.1"
+		c.AdminAddr = net.JoinHostPort(host, port)
+	}
+	if !isLoopback(c.AdminAddr) && c.AdminToken == "" {
+		return usageError{fmt.Sprintf("--admin-addr %s listens beyond loopback: set --admin-token (or LAPD_ADMIN_TOKEN) too, or listen on 127.0.0.1", c.AdminAddr)}
+	}
+	if sameListen(c.AdminAddr, c.Addr) {
+		return usageError{fmt.Sprintf("--admin-addr %s is the public --addr: the admin console needs an address of its own", c.AdminAddr)}
+	}
+	return nil
+}
+
+// sameListen reports whether two listen addresses would collide (same port
+// on overlapping hosts). Port 0 never collides.
+func sameListen(a, b string) bool {
+	ha, pa, err1 := net.SplitHostPort(a)
+	hb, pb, err2 := net.SplitHostPort(b)
+	if err1 != nil || err2 != nil || pa != pb || pa == "0" {
+		return false
+	}
+	wild := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return ha == hb || wild(ha) || wild(hb)
 }

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestMain lets the test binary play the floor server, as lapbench
+// re-executes itself for it.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "floor-server" {
+		if err := floorServer(); err != nil {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestLapbenchRuns runs every kind of scenario briefly against the real
+// binary (built here without -race) in two configurations, and checks that
+// each produced a figure, no request failed, one audit line was written per
+// LAP call in the default configuration, and the report parses.
+func TestLapbenchRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs lapd; not in -short")
+	}
+	wd, _ := os.Getwd()
+	if err := os.Chdir(filepath.Join(wd, "..", "..")); err != nil { // buildLapd runs from the repository root
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chdir(wd) })
+	bin, err := buildLapd(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out.json")
+	var stdout bytes.Buffer
+	err = run(context.Background(), []string{"-lapd", bin, "-d", "400ms", "-warm", "100ms", "-settle", "300ms",
+		"-scenarios", "floor-1,observe-2,message-2,mcp-1,idle-20", "-configs", "default,memory-none", "-json", out}, &stdout, io.Discard)
+	if err != nil {
+		t.Fatalf("lapbench: %v\n%s", err, stdout.String())
+	}
+	var rep Report
+	b, _ := os.ReadFile(out)
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range rep.Medians {
+		seen[r.Scenario+"/"+r.Config] = true
+		if r.Errors != 0 {
+			t.Errorf("%s/%s: %d errors (%s)", r.Scenario, r.Config, r.Errors, r.FirstErr)
+		}
+		if r.Tabs == 0 && (r.Requests == 0 || r.ReqPerS <= 0 || r.P50us <= 0) {
+			t.Errorf("%s/%s: no figures: %+v", r.Scenario, r.Config, r)
+		}
+		if r.Tabs > 0 && r.RSSPairedMiB <= 0 {
+			t.Errorf("%s/%s: no RSS: %+v", r.Scenario, r.Config, r)
+		}
+		if r.Config == "default" && (r.Scenario == "observe-2" || r.Scenario == "message-2") && (r.AuditPerReq < 0.8 || r.AuditPerReq > 1.2) {
+			t.Errorf("%s/default: %.2f audit lines per call, want one", r.Scenario, r.AuditPerReq)
+		}
+	}
+	for _, k := range []string{"floor-1/floor", "observe-2/default", "observe-2/memory-none", "message-2/default", "mcp-1/default", "idle-20/default"} {
+		if !seen[k] {
+			t.Errorf("no result for %s", k)
+		}
+	}
+	if !strings.Contains(stdout.String(), "| observe-2 | default |") || !strings.Contains(stdout.String(), "Reference server") {
+		t.Errorf("markdown:\n%s", stdout.String())
+	}
+}

@@ -1,0 +1,149 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestShutdownUnderLoadLosesNoAuditEntry drives `lapd serve` with its
+// default audit sinks (stdout and SQLite) with 16 concurrent agents and a
+// 60-second /wait, and sends SIGTERM in the middle:
+//
+//   - the /wait ends at once with 503 shutting-down (it used to hold the
+//     whole shutdown timeout, after which the sinks were closed under the
+//     running handlers and entries were lost);
+//   - lapd exits 0 well within --shutdown-timeout;
+//   - every call that got a 200 has exactly one lap-call entry, both in
+//     the SQLite audit and on stdout, and the /wait's refusal is there too.
+func TestShutdownUnderLoadLosesNoAuditEntry(t *testing.T) {
+	s := startServer(t, "", "--lap-rate", mcpNoRateLimit, "--shutdown-timeout", "8s", "--log-level", "info")
+	tab, m := mcpTab(t, s)
+	ctx := ctxT(t, time.Minute)
+
+	waitDone := make(chan int, 1)
+	go func() {
+		status, _ := lapPost(ctx, m, "/wait", `{"timeoutMs":60000}`)
+		waitDone <- status
+	}()
+	if _, err := tab.WaitFor(ctx, "watch"); err != nil { // the long poll is in flight
+		t.Fatal(err)
+	}
+
+	var ok, refused atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				status, err := lapPost(ctx, m, "/observe", "")
+				switch {
+				case err != nil: // the listener closed: lapd is gone
+					return
+				case status == 200:
+					ok.Add(1)
+				case status == 503:
+					refused.Add(1)
+				default:
+					t.Errorf("status %d", status)
+					return
+				}
+			}
+		})
+	}
+	for ok.Load() < 200 {
+		time.Sleep(10 * time.Millisecond) // let the load build up; not synchronisation
+	}
+	sigAt := time.Now()
+	if err := s.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case status := <-waitDone:
+		if status != 503 {
+			t.Errorf("the /wait in flight answered %d, want 503 shutting-down", status)
+		}
+		if d := time.Since(sigAt); d > 4*time.Second {
+			t.Errorf("the /wait took %v after SIGTERM", d)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the /wait did not end on shutdown")
+	}
+	<-s.done
+	close(stop)
+	wg.Wait()
+	if code := s.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("lapd exited %d:\n%s", code, s.stderr.String())
+	}
+	if d := time.Since(sigAt); d > 8*time.Second {
+		t.Errorf("shutdown took %v, over --shutdown-timeout", d)
+	}
+
+	// stdout (JSONL): one lap-call per 200.
+	var stdoutCalls, stdoutWaitRefusals int
+	for _, line := range strings.Split(s.audit.String(), "\n") {
+		var e struct {
+			Event  string
+			Detail map[string]any
+		}
+		if json.Unmarshal([]byte(line), &e) != nil {
+			continue
+		}
+		if e.Event == "lap-call" && e.Detail["tool"] == "observe" {
+			stdoutCalls++
+		}
+		if e.Event == "refused" && e.Detail["endpoint"] == "/agent/lap/v1/wait" && e.Detail["code"] == "shutting-down" {
+			stdoutWaitRefusals++
+		}
+	}
+	// SQLite, read back with `lapd audit` after the process is gone.
+	out := &bytes.Buffer{}
+	cmd := exec.Command(lapdBin, "audit", "--data-dir", s.DataDir, "--event", "lap-call", "--limit", "0", "--format", "json")
+	cmd.Stdout, cmd.Stderr = out, io.Discard
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dbCalls := 0
+	for _, line := range strings.Split(out.String(), "\n") {
+		var e struct{ Detail map[string]any }
+		if json.Unmarshal([]byte(line), &e) == nil && e.Detail["tool"] == "observe" {
+			dbCalls++
+		}
+	}
+	t.Logf("%d calls answered 200, %d refused with 503 during shutdown; lap-call entries: %d on stdout, %d in SQLite",
+		ok.Load(), refused.Load(), stdoutCalls, dbCalls)
+	if int64(stdoutCalls) != ok.Load() || int64(dbCalls) != ok.Load() {
+		t.Errorf("%d calls answered 200 but %d lap-call entries on stdout and %d in SQLite", ok.Load(), stdoutCalls, dbCalls)
+	}
+	if stdoutWaitRefusals != 1 {
+		t.Errorf("the /wait's shutting-down refusal is audited %d times on stdout, want 1", stdoutWaitRefusals)
+	}
+}
+
+// lapPost POSTs a LAP call with m's bearer and returns the status.
+func lapPost(ctx context.Context, m mintResp, route, body string) (int, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, m.LapURL+route, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+m.Token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
+}
