@@ -3,6 +3,7 @@ package lapd_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/internal/natstest"
 	"github.com/lapd-dev/lapd/lapdtest"
+	"github.com/lapd-dev/lapd/tokens"
 )
 
 var clusterN atomic.Int64
@@ -325,4 +327,46 @@ func mcpCallTool(t *testing.T, c *mcpclient.Client, name string, args map[string
 		out["isError"] = true
 	}
 	return out
+}
+
+// A revocation on node A is seen on node B: B reads its token records from
+// a replica that the KV watch keeps current (no MaxAge cache in front of
+// it, unlike tokens.CachedStore on SQLite), so the token is refused there
+// as soon as the change arrives, and the tab held by B is dropped.
+func TestClusterRevokeSeenOnOtherNode(t *testing.T) {
+	t.Parallel()
+	ns := nodes(t, 2)
+	a, b := ns[0], ns[1]
+	ctx := ctxT(t)
+	sess, err := a.Mint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := lapdtest.Dial(ctx, b.WSURL(), sess.Token, lapdtest.WithTabSecret(sess.TabSecret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	if st, _, body := post(t, b.LAPURL()+"/observe", sess.Token, `{}`); st != 200 {
+		t.Fatalf("observe on B = %d %v", st, body)
+	}
+	if err := a.Lapd.Revoke(ctx, sess.TID); err != nil {
+		t.Fatal(err)
+	}
+	select { // A asked B, the tab's node, to drop it
+	case <-tab.Done():
+	case <-ctx.Done():
+		t.Fatal("the tab on B was not dropped after the revocation on A")
+	}
+	waitUntil(t, "B to refuse the revoked token", func() bool {
+		st, _, _ := post(t, b.LAPURL()+"/observe", sess.Token, `{}`)
+		return st == 403
+	})
+	if _, err := b.Lapd.Tokens().Verify(ctx, sess.Token); !errors.Is(err, tokens.ErrRevoked) {
+		t.Fatalf("Verify on B = %v, want ErrRevoked", err)
+	}
+	if tab2, err := lapdtest.Dial(ctx, b.WSURL(), sess.Token, lapdtest.WithTabSecret(sess.TabSecret)); err == nil {
+		tab2.Close()
+		t.Fatal("B accepted a socket for a token revoked on A")
+	}
 }

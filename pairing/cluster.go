@@ -458,6 +458,7 @@ type callReq struct {
 	N         int             `json:"n,omitempty"`
 	Kind      string          `json:"kind,omitempty"`
 	Probe     bool            `json:"probe,omitempty"`
+	RID       string          `json:"rid,omitempty"` // the caller's request id (audit.RequestID)
 }
 
 func waitMs(ctx context.Context) int64 {
@@ -472,7 +473,7 @@ func (c *cluster) call(ctx context.Context, tid, tool string, args any, timeout 
 	if err != nil {
 		return nil, err
 	}
-	b, _ := json.Marshal(callReq{Tool: tool, Args: a, TimeoutMs: timeout.Milliseconds(), WaitMs: waitMs(ctx)})
+	b, _ := json.Marshal(callReq{Tool: tool, Args: a, TimeoutMs: timeout.Milliseconds(), WaitMs: waitMs(ctx), RID: audit.RequestID(ctx)})
 	rctx, cancel := context.WithTimeout(ctx, timeout+clusterMargin)
 	defer cancel()
 	res, err := c.request(rctx, tid, "call", b)
@@ -531,6 +532,9 @@ func (c *cluster) handle(m *nats.Msg) {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.WaitMs)*time.Millisecond)
 		defer cancel()
+	}
+	if req.RID != "" {
+		ctx = audit.WithRequestID(ctx, req.RID)
 	}
 	respond := func(b []byte, err error) {
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/internal/natstest"
 	"github.com/lapd-dev/lapd/tokens"
 )
@@ -68,6 +69,19 @@ func TestClusterCallForwarded(t *testing.T) {
 	tb.answerNext(`{"n":1}`)
 	if err := recv(t, done); err != nil || string(res) != `{"n":1}` {
 		t.Fatalf("Call via B = %s, %v", res, err)
+	}
+	// The caller's request id travels with the forwarded call.
+	go func() {
+		_, err := b.reg.Call(audit.WithRequestID(ctxT(t), "rid-7"), tid, "get_state", nil, 0)
+		done <- err
+	}()
+	if f := tb.expect("rpc"); f["rid"] != "rid-7" {
+		t.Fatalf("forwarded rpc frame %v, want rid rid-7", f)
+	} else {
+		tb.send(map[string]any{"t": "rpc-reply", "id": f["id"], "result": json.RawMessage(`{}`)})
+	}
+	if err := recv(t, done); err != nil {
+		t.Fatal(err)
 	}
 	// The tab's rpc-error comes back as *RPCError, not in doubt.
 	go func() {
