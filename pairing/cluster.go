@@ -33,6 +33,7 @@ import (
 //	watch   a watch, until the caller's deadline
 //	push    a server→tab frame (log-push, confirm-expire, confirm-sync, active)
 //	log     the recent-log ring;  append  AppendLog;  health  Health
+//	expect  ExpectLog (the tab's echo of a log-push arrives at the owner)
 //	unregister  drop the tab (revoke)
 //
 // No responders means no node holds the tab: ErrPaused, as for a tab that is
@@ -458,7 +459,8 @@ type callReq struct {
 	N         int             `json:"n,omitempty"`
 	Kind      string          `json:"kind,omitempty"`
 	Probe     bool            `json:"probe,omitempty"`
-	RID       string          `json:"rid,omitempty"` // the caller's request id (audit.RequestID)
+	RID       string          `json:"rid,omitempty"`    // the caller's request id (audit.RequestID)
+	Expect    string          `json:"expect,omitempty"` // a log entry id the tab will echo (ExpectLog)
 }
 
 func waitMs(ctx context.Context) int64 {
@@ -585,6 +587,9 @@ func (c *cluster) handle(m *nats.Msg) {
 		respond(b, nil)
 	case "append":
 		respond(nil, r.AppendLog(tid, json.RawMessage(m.Data)))
+	case "expect":
+		r.ExpectLog(tid, req.Expect)
+		respond(nil, nil)
 	case "unregister":
 		r.Unregister(tid)
 		respond(nil, nil)

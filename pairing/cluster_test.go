@@ -151,6 +151,29 @@ func TestClusterAdmitOnOwner(t *testing.T) {
 	}
 }
 
+// ExpectLog on a node without the tab reaches the owner, where the tab's
+// echo arrives: the echo is reported as expected (not a client log entry).
+func TestClusterExpectLogOnOwner(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2)
+	a, b := es[0], es[1]
+	echoes := make(chan bool, 2)
+	h := *a.reg.hooks.Load()
+	h.OnLogAppend = func(_ string, _ json.RawMessage, echo bool) { echoes <- echo }
+	a.reg.SetHooks(h)
+	tok, tid := a.mint("u")
+	tb := a.pair(tok)
+	b.reg.ExpectLog(tid, "narr-1")
+	tb.send(map[string]any{"t": "log-append", "entry": map[string]any{"id": "narr-1", "kind": "narrate"}})
+	if echo := recv(t, echoes); !echo {
+		t.Fatal("the echo of an id expected via B was not recognised on A")
+	}
+	tb.send(map[string]any{"t": "log-append", "entry": map[string]any{"id": "other", "kind": "read"}})
+	if echo := recv(t, echoes); echo {
+		t.Fatal("an unexpected id was reported as an echo")
+	}
+}
+
 // A socket for the same tid on another node takes over: the old one is
 // closed with 4002, its in-flight call fails paused (in doubt), the record
 // stays the new owner's, and calls follow the tab.

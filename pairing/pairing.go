@@ -609,6 +609,12 @@ func (s *session) takeExpectedLocked(id string) bool {
 // entry id is id (the server is pushing it a log-push with that entry), so
 // that Hooks.OnLogAppend sees it as an echo.
 func (r *Registry) ExpectLog(tid, id string) {
+	if r.remote(tid) {
+		// The echo arrives on the tab's node: that is where it is expected.
+		b, _ := json.Marshal(callReq{Expect: id})
+		_, _ = r.cl.simple(tid, "expect", b)
+		return
+	}
 	r.mu.Lock()
 	s := r.sessions[tid]
 	r.mu.Unlock()
