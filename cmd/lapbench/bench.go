@@ -14,6 +14,7 @@ import (
 )
 
 type bench struct {
+	nats *natsServer // started for the first cluster configuration
 	o    options
 	bin  string
 	self string
@@ -30,7 +31,11 @@ func (b *bench) scenario(ctx context.Context, sc scenario, cn string) (Result, e
 	} else {
 		// Idle scenarios start the profiler listener to trigger the GC the
 		// runtime would otherwise run within two minutes (see idle).
-		p, err = startLapd(b.bin, configs[cn], b.o.profileDir != "" || sc.Kind == "idle")
+		if cfg := configs[cn]; cfg.Nodes > 1 {
+			p, err = b.startCluster(ctx, cfg, b.o.profileDir != "" || sc.Kind == "idle")
+		} else {
+			p, err = startLapd(b.bin, cfg, b.o.profileDir != "" || sc.Kind == "idle")
+		}
 	}
 	if err != nil {
 		return Result{}, err
@@ -77,6 +82,16 @@ func (b *bench) load(ctx context.Context, p *proc, sc scenario, cn string) (Resu
 			return Result{}, err
 		}
 		tabs = append(tabs, t)
+		base := p.URL
+		if configs[cn].Cross && len(p.peers) > 0 {
+			// The tab is on node A (p); the agent calls node B.
+			base = p.peers[0].URL
+			rest, ok := strings.CutPrefix(m.LapURL, p.URL)
+			if !ok {
+				return Result{}, fmt.Errorf("lapUrl %q is not on node A (%s)", m.LapURL, p.URL)
+			}
+			m.LapURL = base + rest
+		}
 		switch sc.Kind {
 		case "floor":
 			ops[i] = postOp(hc, p.URL+"/call", m.Token, []byte(`{}`))
@@ -85,7 +100,7 @@ func (b *bench) load(ctx context.Context, p *proc, sc scenario, cn string) (Resu
 		case "message":
 			ops[i] = postOp(hc, m.LapURL+"/message", m.Token, []byte(messageBody))
 		case "mcp":
-			a, err := dialMCP(setup, p.URL, m, sc.Agents)
+			a, err := dialMCP(setup, base, m, sc.Agents)
 			if err != nil {
 				return Result{}, err
 			}
@@ -107,9 +122,9 @@ func (b *bench) load(ctx context.Context, p *proc, sc scenario, cn string) (Resu
 			profErr = p.profile(ctx, b.o.profileDir, sc.Name+"-"+cn, secs)
 		}()
 	}
-	lines0 := p.lines.Load()
+	lines0 := p.auditLines()
 	m := drive(ctx, p, ops, b.o.warm, b.o.d)
-	lines1 := p.lines.Load()
+	lines1 := p.auditLines()
 	prof.Wait()
 	if profErr != nil {
 		fmt.Fprintln(b.log, "profile:", profErr)

@@ -38,6 +38,14 @@
 //	sqlite-none    --audit none
 //	sqlite-sqlite  --audit sqlite
 //	sqlite-file    --audit file:…
+//	default-admin  --admin-addr 127.0.0.1:0; default-again: default, again
+//	nats-local     three `lapd serve --nats` nodes (default flags otherwise)
+//	               on a nats-server that lapbench starts (built from its Go
+//	               module, or $LAPD_NATS_SERVER); tabs pair with node A and
+//	               the agents call node A. Server CPU counts all three
+//	               nodes and the nats-server.
+//	nats-cross     the same, but the agents call node B, which forwards
+//	               every call to A over NATS request/reply
 //
 // Every configuration also gets --addr 127.0.0.1:0, a fresh --data-dir and
 // --lap-rate/--mint-rate 1e9 (the rate limits would refuse a load test).
@@ -228,6 +236,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rep := Report{Started: time.Now(), GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), CPUModel: cpuModel(),
 		LoadAvg: loadAvg(), Args: args, StateB: res.stateBytes}
 	b := &bench{o: o, bin: bin, self: self, res: &res, log: stderr}
+	defer func() {
+		if b.nats != nil {
+			b.nats.stop()
+		}
+	}()
 	for r := 1; r <= o.runs; r++ {
 		for _, name := range o.scenarios {
 			sc, _ := parseScenario(name)

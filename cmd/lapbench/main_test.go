@@ -77,3 +77,49 @@ func TestLapbenchRuns(t *testing.T) {
 		t.Errorf("markdown:\n%s", stdout.String())
 	}
 }
+
+// TestLapbenchCluster runs the cluster configurations briefly: a
+// nats-server (built from its Go module, or $LAPD_NATS_SERVER), three
+// nodes, the agents on node A and on node B; figures, no errors, and the
+// audit line of each call counted whichever node wrote it.
+func TestLapbenchCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs lapd and nats-server; not in -short")
+	}
+	wd, _ := os.Getwd()
+	if err := os.Chdir(filepath.Join(wd, "..", "..")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chdir(wd) })
+	bin, err := buildLapd(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out.json")
+	var stdout bytes.Buffer
+	err = run(context.Background(), []string{"-lapd", bin, "-d", "400ms", "-warm", "100ms", "-settle", "300ms",
+		"-scenarios", "observe-2,idle-20", "-configs", "nats-local,nats-cross", "-json", out}, &stdout, io.Discard)
+	if err != nil {
+		t.Fatalf("lapbench: %v\n%s", err, stdout.String())
+	}
+	var rep Report
+	b, _ := os.ReadFile(out)
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range rep.Medians {
+		seen[r.Scenario+"/"+r.Config] = true
+		if r.Errors != 0 {
+			t.Errorf("%s/%s: %d errors (%s)", r.Scenario, r.Config, r.Errors, r.FirstErr)
+		}
+		if r.Tabs == 0 && (r.Requests == 0 || r.P50us <= 0 || r.AuditPerReq < 0.8 || r.AuditPerReq > 1.2) {
+			t.Errorf("%s/%s: figures %+v (want one audit line per call)", r.Scenario, r.Config, r)
+		}
+	}
+	for _, k := range []string{"observe-2/nats-local", "observe-2/nats-cross", "idle-20/nats-local"} {
+		if !seen[k] {
+			t.Errorf("no result for %s", k)
+		}
+	}
+}

@@ -24,22 +24,32 @@ import (
 type config struct {
 	Name  string   `json:"name"`
 	Flags []string `json:"flags"` // besides the benchmark's own (address, data dir, rate limits)
+	// Cluster configurations: three `lapd serve --nats` nodes on one
+	// nats-server (started by lapbench), each with these flags. The tab
+	// pairs with node A; Cross sends the agents' calls to node B.
+	Nodes int  `json:"nodes,omitempty"`
+	Cross bool `json:"cross,omitempty"`
 }
 
 // configs are the configurations users pick. "default" is `lapd serve` with
 // no flags: the SQLite token store, audit to stdout and to SQLite.
 var configs = map[string]config{
-	"default":       {"default", nil},
-	"memory-none":   {"memory-none", []string{"--store", "memory", "--audit", "none"}},
-	"memory-file":   {"memory-file", []string{"--store", "memory", "--audit", "file:@DATA/audit.jsonl"}},
-	"memory-stdout": {"memory-stdout", []string{"--store", "memory"}},
-	"sqlite-none":   {"sqlite-none", []string{"--audit", "none"}},
-	"sqlite-sqlite": {"sqlite-sqlite", []string{"--audit", "sqlite"}},
-	"sqlite-file":   {"sqlite-file", []string{"--audit", "file:@DATA/audit.jsonl"}},
+	"default":       {"default", nil, 0, false},
+	"memory-none":   {"memory-none", []string{"--store", "memory", "--audit", "none"}, 0, false},
+	"memory-file":   {"memory-file", []string{"--store", "memory", "--audit", "file:@DATA/audit.jsonl"}, 0, false},
+	"memory-stdout": {"memory-stdout", []string{"--store", "memory"}, 0, false},
+	"sqlite-none":   {"sqlite-none", []string{"--audit", "none"}, 0, false},
+	"sqlite-sqlite": {"sqlite-sqlite", []string{"--audit", "sqlite"}, 0, false},
+	"sqlite-file":   {"sqlite-file", []string{"--audit", "file:@DATA/audit.jsonl"}, 0, false},
 	// The admin listener (metrics on the hot path, issue #11) against
 	// default, and default again: an A/A pair that shows the noise alone.
-	"default-admin": {"default-admin", []string{"--admin-addr", "127.0.0.1:0"}},
-	"default-again": {"default-again", nil},
+	"default-admin": {"default-admin", []string{"--admin-addr", "127.0.0.1:0"}, 0, false},
+	"default-again": {"default-again", nil, 0, false},
+	// Scale-out (issue #12): default flags plus --nats, three nodes sharing
+	// this machine. nats-local: the agents call the tab's node (A);
+	// nats-cross: they call node B, which forwards to A over NATS.
+	"nats-local": {"nats-local", nil, 3, false},
+	"nats-cross": {"nats-cross", nil, 3, true},
 }
 
 // proc is a running server process (lapd serve or the floor server).
@@ -52,6 +62,8 @@ type proc struct {
 	done    chan struct{}
 	pprof   string // pprof base URL when started with --pprof
 	config  string
+	peers   []*proc // a cluster's other nodes (B, C)
+	extra   []int   // other processes whose CPU counts as the server's (nats-server)
 }
 
 var listenRE = regexp.MustCompile(`listening on (http://[0-9.:\[\]]+)`) // lapd's line comes before the admin listener's
@@ -142,8 +154,12 @@ func startProc(bin string, args []string, dataDir string) (*proc, error) {
 	}
 }
 
-// stop sends SIGINT, waits for a graceful exit and removes the data dir.
+// stop sends SIGINT, waits for a graceful exit and removes the data dir
+// (the peers' too).
 func (p *proc) stop() error {
+	for _, q := range p.peers {
+		defer func() { _ = q.stop() }()
+	}
 	defer func() {
 		if p.dataDir != "" {
 			os.RemoveAll(p.dataDir)
@@ -168,8 +184,32 @@ func (p *proc) stop() error {
 	return nil
 }
 
-// cpu is utime+stime of the process (all threads).
-func (p *proc) cpu() (time.Duration, error) { return cpuOf(strconv.Itoa(p.cmd.Process.Pid)) }
+// auditLines is how many lines the server (and its cluster peers) wrote
+// to stdout.
+func (p *proc) auditLines() int64 {
+	n := p.lines.Load()
+	for _, q := range p.peers {
+		n += q.lines.Load()
+	}
+	return n
+}
+
+// cpu is utime+stime of the process (all threads), plus its cluster
+// peers' and the nats-server's.
+func (p *proc) cpu() (time.Duration, error) {
+	d, err := cpuOf(strconv.Itoa(p.cmd.Process.Pid))
+	for _, q := range p.peers {
+		c, qerr := q.cpu()
+		d += c
+		err = errors.Join(err, qerr)
+	}
+	for _, pid := range p.extra {
+		c, xerr := cpuOf(strconv.Itoa(pid))
+		d += c
+		err = errors.Join(err, xerr)
+	}
+	return d, err
+}
 
 // cpuOf reads utime+stime of /proc/<pid> ("self" for lapbench itself).
 func cpuOf(pid string) (time.Duration, error) {
