@@ -240,12 +240,7 @@ func natsServerBin(t *testing.T) string {
 		return p
 	}
 	natsOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "lapd-nats-")
-		if err != nil {
-			natsErr = err
-			return
-		}
-		natsPath = filepath.Join(dir, "nats-server")
+		natsPath = filepath.Join(filepath.Dir(lapdBin), "nats-server") // removed with lapd's build dir
 		b := exec.Command("go", "build", "-o", natsPath, "github.com/nats-io/nats-server/v2")
 		var out bytes.Buffer
 		b.Stdout, b.Stderr = &out, &out
