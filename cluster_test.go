@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -368,5 +370,32 @@ func TestClusterRevokeSeenOnOtherNode(t *testing.T) {
 	if tab2, err := lapdtest.Dial(ctx, b.WSURL(), sess.Token, lapdtest.WithTabSecret(sess.TabSecret)); err == nil {
 		tab2.Close()
 		t.Fatal("B accepted a socket for a token revoked on A")
+	}
+}
+
+// /readyz of a node cut off from NATS says not ready (the load balancer
+// drains it), and ready again once the connection is back.
+func TestClusterReadyzFollowsNATS(t *testing.T) {
+	t.Parallel()
+	ns := natstest.Start(t)
+	nc := ns.Connect(t)
+	srv := lapdtest.NewServer(lapd.Config{NATSConn: nc, ClusterName: fmt.Sprintf("c%d", clusterN.Add(1))})
+	defer srv.Close()
+	get := func() (int, string) {
+		res, err := http.Get(srv.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if st, body := get(); st != 200 || !strings.Contains(body, `"nats"`) {
+		t.Fatalf("readyz connected: %d %s", st, body)
+	}
+	ns.Shutdown()
+	waitUntil(t, "the client to notice the server is gone", func() bool { return !nc.IsConnected() })
+	if st, body := get(); st != 503 || !strings.Contains(body, "not connected to NATS") {
+		t.Fatalf("readyz without NATS: %d %s", st, body)
 	}
 }

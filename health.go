@@ -54,6 +54,9 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	checks := []check{s.checkDraining(), s.checkStore(r.Context()), s.auditHealth.check(s)}
+	if s.nc != nil {
+		checks = append(checks, s.checkNATS())
+	}
 	ready := true
 	for _, c := range checks {
 		ready = ready && c.OK
@@ -75,6 +78,16 @@ func (s *Server) checkDraining() check {
 		return check{"draining", false, "lapd is shutting down: new calls get 503 shutting-down"}
 	}
 	return check{"draining", true, "accepting calls"}
+}
+
+// checkNATS: a cluster node cut off from NATS can serve only the tabs it
+// holds, and writes no token or approval: the load balancer should send
+// new work elsewhere until the connection is back (nats.go reconnects).
+func (s *Server) checkNATS() check {
+	if s.nc.IsConnected() {
+		return check{"nats", true, "connected to " + s.nc.ConnectedUrlRedacted()}
+	}
+	return check{"nats", false, "not connected to NATS (" + s.nc.Status().String() + "): other nodes cannot reach this node's tabs, and tokens and approvals cannot be written; reconnecting"}
 }
 
 // checkStore reads a record that cannot exist: "not found" within a second
