@@ -399,3 +399,38 @@ func TestClusterReadyzFollowsNATS(t *testing.T) {
 		t.Fatalf("readyz without NATS: %d %s", st, body)
 	}
 }
+
+// The forwarder's counters reach /metrics: the node without the tab counts
+// what it sent, the tab's node what it served and the tab it owns.
+func TestClusterMetrics(t *testing.T) {
+	t.Parallel()
+	ns := natstest.Start(t)
+	name := fmt.Sprintf("c%d", clusterN.Add(1))
+	a, admA := adminServer(t, lapd.Config{NATSConn: ns.Connect(t), ClusterName: name, NodeID: "a"})
+	b, admB := adminServer(t, lapd.Config{NATSConn: ns.Connect(t), ClusterName: name, NodeID: "b"})
+	ctx := ctxT(t)
+	tab, sess, err := a.Pair(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	for range 2 {
+		if st, _, body := post(t, b.LAPURL()+"/observe", sess.Token, `{}`); st != 200 {
+			t.Fatalf("observe via B = %d %v", st, body)
+		}
+	}
+	fa, _ := scrape(t, admA.URL, "")
+	fb, _ := scrape(t, admB.URL, "")
+	if v := value(fb, "lapd_cluster_forwarded_total", "outcome", "sent"); v < 2 {
+		t.Errorf("B forwarded %v, want ≥ 2", v)
+	}
+	if v := value(fa, "lapd_cluster_served_total"); v < 2 {
+		t.Errorf("A served %v, want ≥ 2", v)
+	}
+	if v := value(fa, "lapd_cluster_tabs_owned"); v != 1 {
+		t.Errorf("A owns %v tabs, want 1", v)
+	}
+	if v := value(fb, "lapd_cluster_tabs_owned"); v != 0 {
+		t.Errorf("B owns %v tabs, want 0", v)
+	}
+}

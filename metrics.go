@@ -289,6 +289,9 @@ var collectorMetrics = []struct {
 	{"lapd_audit_dropped_total", "Audit entries dropped because the audit queue stayed full (each is counted in an audit-overflow entry).", nil},
 	{"lapd_audit_queue_entries", "Audit entries waiting for the audit writer now.", nil},
 	{"lapd_draining", "1 while lapd shuts down (new calls get 503), else 0.", nil},
+	{"lapd_cluster_forwarded_total", "Cluster: requests this node sent to the node holding a tab, by outcome (sent; no-responders: no node held it, answered paused; failed: timeout or NATS error). Only with --nats.", []string{"outcome"}},
+	{"lapd_cluster_served_total", "Cluster: requests from other nodes served for tabs held here. Only with --nats.", nil},
+	{"lapd_cluster_tabs_owned", "Cluster: tabs whose socket is on this node (subscribed on NATS). Only with --nats.", nil},
 	{"lapd_build_info", "Always 1; the labels name the build.", []string{"version", "goversion"}},
 }
 
@@ -362,6 +365,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		draining = 1
 	}
 	gauge("lapd_draining", draining)
+	if s.nc != nil {
+		cl := st.Cluster
+		counter("lapd_cluster_forwarded_total", cl.Forwarded, "sent")
+		counter("lapd_cluster_forwarded_total", cl.NoResponders, "no-responders")
+		counter("lapd_cluster_forwarded_total", cl.Failures, "failed")
+		counter("lapd_cluster_served_total", cl.Served)
+		gauge("lapd_cluster_tabs_owned", float64(cl.Owned))
+	}
 	gauge("lapd_build_info", 1, s.version, goVersion())
 }
 
