@@ -38,6 +38,7 @@ func BenchmarkClusterObserve(b *testing.B) {
 				url = nodes[1].LAPURL() + "/observe"
 			}
 			hc := &http.Client{}
+			f0 := nodes[1].Lapd.Stats().Pairing.Cluster.Forwarded
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
@@ -53,6 +54,7 @@ func BenchmarkClusterObserve(b *testing.B) {
 					b.Fatalf("observe: %d", res.StatusCode)
 				}
 			}
+			b.ReportMetric(float64(nodes[1].Lapd.Stats().Pairing.Cluster.Forwarded-f0)/float64(b.N), "hops/op")
 		})
 	}
 }
