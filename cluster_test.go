@@ -113,8 +113,11 @@ func TestClusterCallsAcrossNodes(t *testing.T) {
 		t.Fatalf("B forwarded nothing: %+v", bs)
 	}
 
-	// The cluster's audit trail holds both nodes' entries: the dispatch
-	// recorded on B, the tab's log-appends recorded on A.
+	// The cluster's audit trail holds both nodes' entries: the mint and the
+	// tab's claim recorded on A, the dispatch and the narration's lap-call
+	// on B. The tab's echoes (of each rpc, and of the narration's log-push,
+	// expected on A through ExpectLog) are not audited a second time as
+	// client log entries.
 	a.Close()
 	b.Close()
 	q, closer, err := lapd.OpenClusterAudit(ctx, nats.URL(), name)
@@ -133,7 +136,7 @@ func TestClusterCallsAcrossNodes(t *testing.T) {
 			seen["client-log"] = true
 		}
 	}
-	if !seen[audit.EventMsgDispatched] || !seen["client-log"] || !seen[audit.EventMint] {
+	if !seen[audit.EventMsgDispatched] || !seen[audit.EventLapCall] || !seen[audit.EventClaim] || !seen[audit.EventMint] || seen["client-log"] {
 		t.Fatalf("cluster audit for the session: %v", seen)
 	}
 }
