@@ -97,7 +97,7 @@ func TestLapbenchCluster(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "out.json")
 	var stdout bytes.Buffer
-	err = run(context.Background(), []string{"-lapd", bin, "-d", "400ms", "-warm", "100ms", "-settle", "300ms",
+	err = run(context.Background(), []string{"-lapd", bin, "-d", "1500ms", "-warm", "300ms", "-settle", "300ms", // as TestLapbenchRuns: long enough on a loaded machine
 		"-scenarios", "observe-2,idle-20", "-configs", "nats-local,nats-cross", "-json", out}, &stdout, io.Discard)
 	if err != nil {
 		t.Fatalf("lapbench: %v\n%s", err, stdout.String())
