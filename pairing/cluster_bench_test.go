@@ -105,13 +105,21 @@ func TestIdleTabMemoryCluster(t *testing.T) {
 				t.Fatalf("child: %q %v", line, err)
 			}
 			recv(t, allPaired)
+			// Once idle for a tick, readers park (Linux): measure then, so
+			// that both modes are compared in the same state.
+			if runtime.GOOS == "linux" {
+				deadline := time.Now().Add(30 * time.Second)
+				for e.reg.Stats().ParkedTabs < n && time.Now().Before(deadline) {
+					time.Sleep(50 * time.Millisecond) // polling a counter, not synchronisation
+				}
+			}
 			after := memNow()
 			if p := os.Getenv("LAPD_MEMBENCH_PROFILE"); p != "" {
 				f, _ := os.Create(p + "." + mode)
 				_ = pprof.Lookup("heap").WriteTo(f, 0)
 				f.Close()
 			}
-			t.Logf("%s: goroutines %d", mode, runtime.NumGoroutine())
+			t.Logf("%s: goroutines %d, parked tabs %d", mode, runtime.NumGoroutine(), e.reg.Stats().ParkedTabs)
 			per[mode] = float64(after.total-before.total) / 1024 / n
 			t.Logf("%s: %d idle tabs, lapd heap+stack %.2f KiB per tab (heap %.2f, stack %.2f; token record included), owned subscriptions %d",
 				mode, n, per[mode], float64(after.heap-before.heap)/1024/n, float64(after.stack-before.stack)/1024/n, e.reg.Stats().Cluster.Owned)
