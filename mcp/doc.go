@@ -73,7 +73,8 @@
 // Within a call's budget (reads 20 s; send_message: the larger of timeoutMs
 // and approvalTimeoutMs, + 2 s, per message; get_confirm_result and
 // wait_for_change: their timeoutMs + 2 s) the executor retries a 503 paused
-// with reconnect=pending and a 429 after Retry-After (send_message only
+// with reconnect=pending (polling at least every 2 s: its Retry-After is
+// what is left of the grace window) and a 429 after Retry-After (send_message only
 // within timeoutMs + 2 s), re-sending the same body, so every message keeps
 // its idempotency key (one is generated when the model gives none, and
 // returned when a call fails). While it waits it sends

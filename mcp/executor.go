@@ -411,11 +411,17 @@ func (e *Executor) callRetryWithin(ctx context.Context, b Binding, route string,
 	}
 }
 
+// pausedPoll is the longest wait between retries while the tab reconnects.
+const pausedPoll = 2 * time.Second
+
 // retryable reports whether lapd asked to come back later, and when.
 func retryable(le *lap.Error) (time.Duration, string, bool) {
 	switch {
 	case le.Code == "paused" && (le.Reconnect == "pending" || le.Reconnect == ""):
-		w := le.RetryAfter
+		// Retry-After on a paused session is how long the grace window
+		// still runs (up to a minute after a drop mid-call), not when the
+		// tab will be back: a reload takes a second or two. Poll.
+		w := min(le.RetryAfter, pausedPoll)
 		if w <= 0 {
 			w = time.Second
 		}
