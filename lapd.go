@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/client"
 	"github.com/lapd-dev/lapd/confirm"
@@ -107,6 +109,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL,
 		PingInterval: cfg.PingInterval, RPCTimeout: cfg.RPCTimeout, Retention: cfg.Grace,
 		BufferBytes: share(4), LogRingBytes: min(pairing.DefaultLogRingBytes, share(4)),
+		FrameRate: tabFrameRate(cfg.LAPRate), ByteRate: tabByteRate(cfg.LAPRate),
 	}); err != nil {
 		return nil, err
 	}
@@ -155,6 +158,28 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 
 // cleanPrefix turns "" into the default "/agent", "/" into "" (routes at the
 // root) and "x/y/" into "/x/y".
+// tabFrameRate is a tab socket's inbound frame budget: pairing's default, or
+// more when the operator raised the LAP rate. A tab answers each LAP call
+// with two frames (the reply, then lapd.js's log-append), so a budget below
+// four frames per allowed call throttled the tab's replies under a rate the
+// operator had allowed (at --lap-rate 1e9 every tab served at most 100 calls
+// a second, each one waiting on the limiter).
+func tabFrameRate(lapRate rate.Limit) float64 {
+	if lapRate <= 0 {
+		lapRate = lap.DefaultRate
+	}
+	return max(pairing.DefaultFrameRate, 4*float64(lapRate))
+}
+
+// tabByteRate is a tab socket's inbound byte budget: pairing's default, or
+// one largest frame per allowed LAP call (a reply may be that large).
+func tabByteRate(lapRate rate.Limit) float64 {
+	if lapRate <= 0 {
+		lapRate = lap.DefaultRate
+	}
+	return max(pairing.DefaultByteRate, float64(lapRate)*float64(pairing.DefaultMaxFrame))
+}
+
 func cleanPrefix(p string) (string, error) {
 	if p == "" {
 		return lap.DefaultPrefix, nil

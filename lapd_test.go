@@ -445,3 +445,28 @@ func TestMCPTools(t *testing.T) {
 		}
 	}
 }
+
+// A tab answers every LAP call with two frames (the reply and the
+// log-append): with the LAP rate raised, the tab's socket must not be
+// throttled below it. At the pairing defaults (200 frames/s, burst 1,000) a
+// single agent was held to 100 calls a second.
+func TestTabFramesFollowLAPRate(t *testing.T) {
+	t.Parallel()
+	s := lapdtest.NewServer(lapd.Config{LAPRate: 1e9, LAPBurst: 1 << 20})
+	defer s.Close()
+	ctx := ctxT(t)
+	tab, sess, err := s.Pair(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	c := lap.NewHTTPClient(s.Client())
+	for i := range 1000 {
+		if _, err := c.Call(ctx, sess.LapURL, sess.Token, "/observe", nil); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if n := s.Lapd.Stats().Pairing.Throttled; n != 0 {
+		t.Fatalf("%d inbound frames throttled under a LAP rate of 1e9/s", n)
+	}
+}
