@@ -1,0 +1,408 @@
+package mcp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+)
+
+// The /agent/mcp fast path must answer what mcp-go answers. Each test
+// below drives two endpoints with the same scripted LAP, one with the fast
+// path (the default) and one with DisableFastPath, sends every request to
+// both and compares status, Content-Type and body byte for byte, after
+// replacing what is random on each side (session handles, MCP session ids,
+// generated idempotency keys). It also checks which requests the fast path
+// took: the ones it must take, and the ones it must leave to mcp-go.
+
+var randomParts = regexp.MustCompile(`s_[a-z2-7]{16}|mcp-session-[0-9a-f]{32}|mcp_[a-z2-7]{20}`)
+
+func normalise(b []byte) string {
+	return randomParts.ReplaceAllStringFunc(string(b), func(s string) string {
+		switch {
+		case strings.HasPrefix(s, "s_"):
+			return "s_HANDLE"
+		case strings.HasPrefix(s, "mcp-session-"):
+			return "mcp-session-ID"
+		}
+		return "mcp_KEY"
+	})
+}
+
+// diffSide is one of the two endpoints and what a client of it holds.
+type diffSide struct {
+	hh     *httpHarness
+	sid    string // legacy MCP session
+	handle string // from connect_session
+}
+
+type diffReply struct {
+	status int
+	ctype  string
+	body   []byte
+}
+
+func (s *diffSide) post(t *testing.T, body string, hdr map[string]string) diffReply {
+	t.Helper()
+	body = strings.ReplaceAll(body, "{{H}}", s.handle)
+	req, _ := http.NewRequest(http.MethodPost, s.hh.srv.URL, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	for k, v := range hdr {
+		req.Header.Set(k, strings.ReplaceAll(v, "{{SID}}", s.sid))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return diffReply{resp.StatusCode, resp.Header.Get("Content-Type"), b}
+}
+
+type diffPair struct {
+	t          *testing.T
+	fast, slow *diffSide
+}
+
+func newDiffPair(t *testing.T, script func(*fakeLAP), mutate func(*HTTPConfig)) *diffPair {
+	t.Helper()
+	mk := func(disable bool) *diffSide {
+		hh := newHTTPHarness(t, func(c *HTTPConfig) {
+			c.DisableFastPath = disable
+			c.Tools = ToolsAll
+			if mutate != nil {
+				mutate(c)
+			}
+		})
+		if script != nil {
+			script(hh.lap)
+		}
+		return &diffSide{hh: hh}
+	}
+	p := &diffPair{t: t, fast: mk(false), slow: mk(true)}
+	if p.fast.hh.h.fast == nil {
+		t.Fatal("the fast path is off")
+	}
+	if p.slow.hh.h.fast != nil {
+		t.Fatal("DisableFastPath left the fast path on")
+	}
+	return p
+}
+
+func legacyHdr() map[string]string {
+	return map[string]string{"MCP-Protocol-Version": mcpgo.ProtocolVersion20251125, "Mcp-Session-Id": "{{SID}}"}
+}
+
+func modernHdr(name string) map[string]string {
+	return map[string]string{"MCP-Protocol-Version": mcpgo.ProtocolVersion20260728, "Mcp-Method": "tools/call", "Mcp-Name": name}
+}
+
+const modernMeta = `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}`
+
+// initLegacy opens a legacy session on both sides.
+func (p *diffPair) initLegacy() {
+	p.t.Helper()
+	for _, s := range []*diffSide{p.fast, p.slow} {
+		req, _ := http.NewRequest(http.MethodPost, s.hh.srv.URL, strings.NewReader(initBody))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("MCP-Protocol-Version", mcpgo.ProtocolVersion20251125)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		resp.Body.Close()
+		s.sid = resp.Header.Get("Mcp-Session-Id")
+		if r := s.post(p.t, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, legacyHdr()); r.status != http.StatusAccepted {
+			p.t.Fatalf("initialized: %d", r.status)
+		}
+	}
+}
+
+// send posts body to both sides, compares the replies and checks whether
+// the fast path took it. It returns the fast side's reply.
+func (p *diffPair) send(name, body string, hdr map[string]string, wantFast bool) diffReply {
+	p.t.Helper()
+	n0 := p.fast.hh.h.fast.served.Load()
+	f := p.fast.post(p.t, body, hdr)
+	s := p.slow.post(p.t, body, hdr)
+	if took := p.fast.hh.h.fast.served.Load() > n0; took != wantFast {
+		p.t.Errorf("%s: fast path took it: %v, want %v (reply %d %.300s)", name, took, wantFast, f.status, f.body)
+	}
+	if f.status != s.status || f.ctype != s.ctype || normalise(f.body) != normalise(s.body) {
+		p.t.Errorf("%s: fast path answered\n  %d %s %s\nmcp-go answered\n  %d %s %s", name, f.status, f.ctype, f.body, s.status, s.ctype, s.body)
+	}
+	return f
+}
+
+// connect calls connect_session on both sides and keeps each side's handle.
+func (p *diffPair) connect(name, body string, hdr map[string]string, wantFast bool) {
+	p.t.Helper()
+	p.send(name, body, hdr, wantFast)
+	for _, s := range []*diffSide{p.fast, p.slow} {
+		hs := s.hh.h.Executor().Bindings()
+		hs.mu.Lock()
+		for h, b := range hs.m {
+			if s.handle == "" || b.CreatedAt.After(hs.m[s.handle].CreatedAt) {
+				s.handle = h
+			}
+		}
+		hs.mu.Unlock()
+	}
+}
+
+func scriptLAP(f *fakeLAP) {
+	f.on("/observe", observeWith(twoActions))
+	f.on("/message", func(n int, c fakeCall) (any, error) {
+		switch c.Body["msg"].(map[string]any)["type"] {
+		case "clearAll":
+			return json.RawMessage(`{"status":"rejected","reason":"human-only","detail":"only the user may clear"}`), nil
+		case "slow":
+			return nil, errors.New("connection refused")
+		}
+		return dispatched(`[{"op":"add","path":"/todos/0","value":"<b>x</b> & \"y\"\u2028"}]`, twoActions), nil
+	})
+	f.on("/state", func(int, fakeCall) (any, error) {
+		return json.RawMessage(`{"state":{"todos":["é","\u0000","<script>"]}}`), nil
+	})
+}
+
+func TestFastPathMatchesMCPGoLegacy(t *testing.T) {
+	t.Parallel()
+	p := newDiffPair(t, scriptLAP, nil)
+	p.initLegacy()
+	h := legacyHdr()
+	call := func(id, name, args string) string {
+		return `{"jsonrpc":"2.0","id":` + id + `,"method":"tools/call","params":{"name":"` + name + `","arguments":` + args + `}}`
+	}
+	p.send("observe unbound", call("2", "observe", `{}`), h, true)
+	p.connect("connect_session", call("3", "connect_session", `{"token":"`+tokA+`"}`), h, true)
+	p.send("observe default binding", call("4", "observe", `{}`), h, true)
+	p.send("observe by handle, string id", call(`"abc-1"`, "observe", `{"session":"{{H}}"}`), h, true)
+	p.send("observe verbose", call("5", "observe", `{"verbose":true}`), h, true)
+	p.send("unknown argument", call("6", "observe", `{"nope":1}`), h, true)
+	p.send("arguments null", call("7", "observe", `null`), h, true)
+	p.send("arguments an array", call("8", "observe", `[1]`), h, true)
+	p.send("no arguments", `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"observe"}}`, h, true)
+	p.send("send_message dispatched", call("10", "send_message", `{"msg":{"type":"addTodo","title":"<b>"},"idempotencyKey":"k1"}`), h, true)
+	p.send("send_message rejected", call("11", "send_message", `{"msg":{"type":"clearAll"}}`), h, true)
+	p.send("send_message batch", call("12", "send_message", `{"msgs":[{"type":"addTodo"},{"type":"clearAll"},{"type":"addTodo"}]}`), h, true)
+	p.send("send_message failing", call("13", "send_message", `{"msg":{"type":"slow"},"idempotencyKey":"k2"}`), h, true)
+	p.send("get_state", call("14", "get_state", `{}`), h, true)
+	p.send("narrate", call("15", "narrate", `{"text":"hello"}`), h, true)
+	p.send("id 1.5", call("1.5", "observe", `{}`), h, true)
+	p.send("id -7", call("-7", "observe", `{}`), h, true)
+	p.send("id 1e20", call("1e20", "observe", `{}`), h, true)
+	p.send("id with markup", call(`"<a&b>\u2028"`, "observe", `{}`), h, true)
+	p.send("escaped member name", `{"jsonrpc":"2.0","id":16,"\u006dethod":"tools/call","params":{"name":"observe"}}`, h, true)
+	p.send("params in another case", `{"jsonrpc":"2.0","id":17,"method":"tools/call","params":{"Name":"observe"}}`, h, true)
+	p.send("whitespace", "\n{ \"jsonrpc\" : \"2.0\" , \"id\" : 18 , \"method\" : \"tools/call\" , \"params\" : { \"name\" : \"observe\" } }\n", h, true)
+	p.send("a legacy _meta", `{"jsonrpc":"2.0","id":19,"method":"tools/call","params":{"name":"observe","_meta":{"io.modelcontextprotocol/protocolVersion":"2025-11-25","trace":"x"}}}`, h, true)
+	p.send("no protocol-version header", call("20", "observe", `{}`), map[string]string{"Mcp-Session-Id": "{{SID}}"}, true)
+	p.send("disconnect_session", call("21", "disconnect_session", `{}`), h, true)
+	p.send("observe after disconnect", call("22", "observe", `{}`), h, true)
+
+	// left to mcp-go
+	p.send("unknown tool", call("30", "nope", `{}`), h, false)
+	p.send("another method", `{"jsonrpc":"2.0","id":31,"method":"tools/list","params":{}}`, h, false)
+	p.send("a member twice", `{"jsonrpc":"2.0","id":32,"id":33,"method":"tools/call","params":{"name":"observe"}}`, h, false)
+	p.send("a member in another case", `{"jsonrpc":"2.0","ID":34,"method":"tools/call","params":{"name":"observe"}}`, h, false)
+	p.send("an extra member", `{"jsonrpc":"2.0","id":35,"method":"tools/call","params":{"name":"observe"},"x":1}`, h, false)
+	p.send("jsonrpc 1.0", `{"jsonrpc":"1.0","id":36,"method":"tools/call","params":{"name":"observe"}}`, h, false)
+	p.send("id null", `{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"observe"}}`, h, false)
+	p.send("id true", `{"jsonrpc":"2.0","id":true,"method":"tools/call","params":{"name":"observe"}}`, h, false)
+	p.send("not JSON", `{"jsonrpc":"2.0","id":37,"method":"tools/call","params":{"name":"observe",}}`, h, false)
+	p.send("name not a string", `{"jsonrpc":"2.0","id":38,"method":"tools/call","params":{"name":7}}`, h, false)
+	p.send("a task", `{"jsonrpc":"2.0","id":39,"method":"tools/call","params":{"name":"observe","task":{}}}`, h, false)
+	p.send("text/plain", call("40", "observe", `{}`), map[string]string{"Content-Type": "text/plain", "MCP-Protocol-Version": "2025-11-25", "Mcp-Session-Id": "{{SID}}"}, false)
+	p.send("unknown protocol version", call("41", "observe", `{}`), map[string]string{"MCP-Protocol-Version": "1999-01-01", "Mcp-Session-Id": "{{SID}}"}, false)
+	p.send("no session", call("42", "observe", `{}`), map[string]string{"MCP-Protocol-Version": "2025-11-25"}, false)
+	p.send("unknown session", call("43", "observe", `{}`), map[string]string{"MCP-Protocol-Version": "2025-11-25", "Mcp-Session-Id": "mcp-session-00000000000000000000000000000000"}, false)
+	p.send("a modern header on a legacy body", call("44", "observe", `{}`), map[string]string{"MCP-Protocol-Version": "2026-07-28", "Mcp-Session-Id": "{{SID}}"}, false)
+
+	// A progress token: progress is sent as SSE events, by mcp-go; and from
+	// then on mcp-go answers this session in SSE, so the fast path leaves
+	// it alone.
+	p.send("progress token", `{"jsonrpc":"2.0","id":50,"method":"tools/call","params":{"name":"connect_session","arguments":{"token":"`+tokB+`"},"_meta":{"progressToken":"p1"}}}`, h, false)
+	r := p.send("after a notification", call("51", "observe", `{"session":"{{H}}"}`), h, false)
+	if !strings.HasPrefix(r.ctype, "text/event-stream") {
+		t.Errorf("after a notification mcp-go answers in SSE, got %q", r.ctype)
+	}
+
+	// DELETE ends the session: 404 from mcp-go, not a fast answer.
+	for _, s := range []*diffSide{p.fast, p.slow} {
+		req, _ := http.NewRequest(http.MethodDelete, s.hh.srv.URL, nil)
+		req.Header.Set("Mcp-Session-Id", s.sid)
+		req.Header.Set("MCP-Protocol-Version", "2025-11-25")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	p.send("after DELETE", call("60", "observe", `{}`), h, false)
+}
+
+func TestFastPathMatchesMCPGoModern(t *testing.T) {
+	t.Parallel()
+	p := newDiffPair(t, scriptLAP, nil)
+	call := func(id, name, args string) string {
+		return `{"jsonrpc":"2.0","id":` + id + `,"method":"tools/call","params":{"name":"` + name + `","arguments":` + args + `,` + modernMeta + `}}`
+	}
+	p.send("observe without a session", call("1", "observe", `{}`), modernHdr("observe"), true)
+	p.connect("connect_session", call("2", "connect_session", `{"token":"`+tokA+`"}`), modernHdr("connect_session"), true)
+	p.send("observe", call("3", "observe", `{"session":"{{H}}"}`), modernHdr("observe"), true)
+	p.send("observe, string id", call(`"x"`, "observe", `{"session":"{{H}}","verbose":true}`), modernHdr("observe"), true)
+	p.send("send_message", call("4", "send_message", `{"session":"{{H}}","msg":{"type":"addTodo"},"idempotencyKey":"k"}`), modernHdr("send_message"), true)
+	p.send("send_message failing", call("5", "send_message", `{"session":"{{H}}","msg":{"type":"slow"}}`), modernHdr("send_message"), true)
+	p.send("invalid arguments", call("6", "observe", `{"session":7}`), modernHdr("observe"), true)
+	p.send("client info and log level", `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_state","arguments":{"session":"{{H}}"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{}},"io.modelcontextprotocol/clientInfo":{"name":"c","version":"1"},"io.modelcontextprotocol/logLevel":"debug"}}}`, modernHdr("get_state"), true)
+	p.send("a session id is ignored", call("8", "observe", `{"session":"{{H}}"}`), map[string]string{"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "observe", "Mcp-Session-Id": "whatever"}, true)
+
+	// left to mcp-go
+	p.send("no Mcp-Name", call("20", "observe", `{}`), map[string]string{"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call"}, false)
+	p.send("Mcp-Name of another tool", call("21", "observe", `{}`), modernHdr("narrate"), false)
+	p.send("no Mcp-Method", call("22", "observe", `{}`), map[string]string{"MCP-Protocol-Version": "2026-07-28", "Mcp-Name": "observe"}, false)
+	p.send("no protocol-version header", call("23", "observe", `{}`), map[string]string{"Mcp-Method": "tools/call", "Mcp-Name": "observe"}, false)
+	p.send("header and _meta disagree", call("24", "observe", `{}`), map[string]string{"MCP-Protocol-Version": "2025-11-25", "Mcp-Method": "tools/call", "Mcp-Name": "observe"}, false)
+	p.send("no capabilities", `{"jsonrpc":"2.0","id":25,"method":"tools/call","params":{"name":"observe","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}`, modernHdr("observe"), false)
+	p.send("a Last-Event-ID", call("26", "observe", `{}`), map[string]string{"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "observe", "Last-Event-ID": "1"}, false)
+	p.send("a modern header, no _meta", `{"jsonrpc":"2.0","id":27,"method":"tools/call","params":{"name":"observe"}}`, modernHdr("observe"), false)
+	p.send("a progress token", `{"jsonrpc":"2.0","id":28,"method":"tools/call","params":{"name":"observe","arguments":{"session":"{{H}}"},"_meta":{"progressToken":1,"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`, modernHdr("observe"), false)
+}
+
+// A panic in a tool handler is a JSON-RPC internal error, as mcp-go's
+// recovery middleware makes it.
+func TestFastPathMatchesMCPGoPanic(t *testing.T) {
+	t.Parallel()
+	p := newDiffPair(t, func(f *fakeLAP) {
+		f.on("/context", func(int, fakeCall) (any, error) { panic("boom") })
+	}, nil)
+	p.initLegacy()
+	p.connect("connect", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"connect_session","arguments":{"token":"`+tokA+`"}}}`, legacyHdr(), true)
+	r := p.send("panic", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"describe_context","arguments":{}}}`, legacyHdr(), true)
+	if !bytes.Contains(r.body, []byte(`"code":-32603`)) || !bytes.Contains(r.body, []byte("panic recovered in describe_context tool handler: boom")) {
+		t.Fatalf("panic: %s", r.body)
+	}
+	p.send("panic, modern", `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"describe_context","arguments":{"session":"{{H}}"},`+modernMeta+`}}`, modernHdr("describe_context"), true)
+}
+
+// waitBlockingLAP holds /wait until the call's context ends.
+type waitBlockingLAP struct {
+	*fakeLAP
+	entered chan struct{}
+}
+
+func (b *waitBlockingLAP) Call(ctx context.Context, base, token, route string, body any) (json.RawMessage, error) {
+	if route == "/wait" {
+		b.entered <- struct{}{}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return b.fakeLAP.Call(ctx, base, token, route, body)
+}
+
+// notifications/cancelled ends a call the fast path runs, as it ends one
+// mcp-go runs; both then answer the same result.
+func TestFastPathCancelled(t *testing.T) {
+	t.Parallel()
+	var replies []string
+	for _, disable := range []bool{false, true} {
+		bl := &waitBlockingLAP{fakeLAP: newFakeLAP(), entered: make(chan struct{}, 1)}
+		hh := newHTTPHarness(t, func(c *HTTPConfig) { c.DisableFastPath = disable; c.Client = bl })
+		s := &diffSide{hh: hh}
+		// legacy session, connected
+		req, _ := http.NewRequest(http.MethodPost, hh.srv.URL, strings.NewReader(initBody))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		s.sid = resp.Header.Get("Mcp-Session-Id")
+		s.post(t, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"connect_session","arguments":{"token":"`+tokA+`"}}}`, legacyHdr())
+		var wg sync.WaitGroup
+		var got diffReply
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got = s.post(t, `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"wait_for_change","arguments":{"timeoutMs":60000}}}`, legacyHdr())
+		}()
+		select {
+		case <-bl.entered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the call never reached LAP")
+		}
+		if r := s.post(t, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":9,"reason":"user"}}`, legacyHdr()); r.status != http.StatusAccepted {
+			t.Fatalf("cancel: %d %s", r.status, r.body)
+		}
+		wg.Wait()
+		if !bytes.Contains(got.body, []byte(`"isError":true`)) {
+			t.Fatalf("cancelled call (fast path %v): %d %s", !disable, got.status, got.body)
+		}
+		replies = append(replies, normalise(got.body))
+		if !disable && hh.h.fast.served.Load() < 2 {
+			t.Fatal("the fast path did not take the call")
+		}
+	}
+	if replies[0] != replies[1] {
+		t.Fatalf("cancelled: fast path answered %s, mcp-go %s", replies[0], replies[1])
+	}
+}
+
+// The fast path keeps its session view in step with mcp-go's and the table.
+func TestFastPathForgetsEndedSessions(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, func(c *HTTPConfig) { c.MaxSessions = 2; c.MaxUnauthenticatedSessions = 16 })
+	count := func() int {
+		n := 0
+		hh.h.fast.sessions.Range(func(any, any) bool { n++; return true })
+		return n
+	}
+	for range 4 {
+		if r := hh.raw(http.MethodPost, "", initBody, nil); r.StatusCode != http.StatusOK {
+			t.Fatalf("initialize: %d", r.StatusCode)
+		}
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("fast path knows %d sessions, the table holds %d", n, hh.h.Sessions())
+	}
+}
+
+// The probe captured mcp-go's own encoding: check the templates against a
+// response built the way mcp-go builds it.
+func TestFastPathTemplates(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, nil)
+	f := hh.h.fast
+	sc := []byte(`{"a":"<x> \"q\"","b":[1,2]}`)
+	got := f.legacy.appendSpliced(nil, []byte(`7`), sc)
+	res := &mcpgo.CallToolResult{Content: []mcpgo.Content{mcpgo.NewTextContent(string(sc))}, StructuredContent: json.RawMessage(sc)}
+	var want bytes.Buffer
+	enc := json.NewEncoder(&want)
+	enc.SetEscapeHTML(false) // appendJSONString leaves markup as it is (splice.go)
+	if err := enc.Encode(mcpgo.NewJSONRPCResultResponse(mcpgo.NewRequestId(7), res)); err != nil {
+		t.Fatal(err)
+	}
+	var g, w any
+	if json.Unmarshal(got, &g) != nil || json.Unmarshal(want.Bytes(), &w) != nil || fmt.Sprint(g) != fmt.Sprint(w) {
+		t.Fatalf("legacy template:\n%s\nwant the same JSON as\n%s", got, want.Bytes())
+	}
+	if !bytes.HasSuffix(got, []byte("\n")) {
+		t.Fatalf("no newline at the end: %q", got)
+	}
+	mod := f.modern.appendSpliced(nil, []byte(`"i"`), sc)
+	if !bytes.Contains(mod, []byte(`"resultType":"complete"`)) || !bytes.Contains(mod, []byte(`"io.modelcontextprotocol/serverInfo":{"name":"lapd"`)) {
+		t.Fatalf("modern template: %s", mod)
+	}
+}
