@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
 	"github.com/lapd-dev/lapd/audit"
@@ -105,6 +106,31 @@ type Config struct {
 	// hellos). Each part sheds (the heaviest session's oldest data first),
 	// logs and counts when over; Stats reports it.
 	MaxKeptBytes int64
+
+	// Admin is the operator's side that AdminHandler serves: Prometheus
+	// metrics, pprof, health and the admin console (docs/OPERATING.md).
+	Admin AdminConfig
+}
+
+// AdminConfig configures AdminHandler. Serve AdminHandler on a listener of
+// its own (lapd serve --admin-addr does), never in Handler's mux: it is for
+// the people who run lapd, not for the app's users.
+type AdminConfig struct {
+	// Enabled turns on what AdminHandler serves: the hot-path metrics (a
+	// counter and a latency histogram per route, RPC tool and MCP tool;
+	// their cost is measured in docs/PERFORMANCE.md), the counters read
+	// from the audit stream, and, when no audit sink can be read back, an
+	// in-memory ring of the latest audit entries for the console. Without
+	// it AdminHandler answers 404 outside /healthz and /readyz.
+	Enabled bool
+	// Token, when set, is required on every AdminHandler request but the
+	// health checks (Authorization: Bearer; at least 16 characters,
+	// compared in constant time). Empty: only loopback clients, with a
+	// loopback Host header, are served.
+	Token string
+	// Registerer, if set, also gets lapd's own collectors (not the Go
+	// runtime's), to serve them from a /metrics of your own as well.
+	Registerer prometheus.Registerer
 }
 
 // DefaultMaxKeptBytes is the default of Config.MaxKeptBytes.

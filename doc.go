@@ -46,6 +46,16 @@
 // sessions). Revoke ends a session from your admin code: its token stops
 // working and its tab is closed.
 //
+// # Operating it
+//
+// AdminHandler serves what the people who run lapd need, on a listener of
+// its own: Prometheus metrics (/metrics), Go's profiler, health checks and
+// the admin console (/admin/: sessions with revoke, the audit trail, a live
+// chart). Turn it on with Config.Admin (Enabled, Token); /healthz and
+// /readyz are in Handler too. Every meta and LAP call gets a request id
+// (X-Request-Id) that its audit entries and the rpc frame to the tab carry.
+// docs/OPERATING.md lists the metrics and sample alert rules.
+//
 // # Testing
 //
 // Package lapdtest starts a lapd on a loopback listener and pairs a

@@ -86,3 +86,32 @@ func ExampleConfig_identity() {
 	// mint with "": 401
 	// mint with "session=s3cr3t": 200
 }
+
+// The operator's side on a listener of its own: Prometheus metrics, pprof,
+// health and the admin console. Without a token only loopback clients are
+// served (an httptest server is one).
+func ExampleServer_AdminHandler() {
+	ctx := context.Background()
+	srv, err := lapd.New(ctx, lapd.Config{AllowAnonymous: true, Admin: lapd.AdminConfig{Enabled: true}})
+	if err != nil {
+		panic(err)
+	}
+	admin := httptest.NewServer(srv.AdminHandler()) // e.g. 127.0.0.1:9090, never the public listener
+	defer admin.Close()
+
+	res, _ := http.Get(admin.URL + "/metrics")
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	fmt.Println("metrics:", res.StatusCode, strings.Contains(string(b), "lapd_tabs_connected 0"))
+
+	res, _ = http.Get(admin.URL + "/admin/")
+	res.Body.Close()
+	fmt.Println("console:", res.StatusCode)
+
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	// Output:
+	// metrics: 200 true
+	// console: 200
+}

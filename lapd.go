@@ -3,7 +3,6 @@ package lapd
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,8 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/time/rate"
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/client"
@@ -46,6 +43,14 @@ type Server struct {
 	perim    *perimeter
 	handler  http.Handler
 
+	version      string
+	started      time.Time
+	metrics      *metrics      // nil unless Admin.Enabled
+	auditQuerier audit.Querier // where the admin console reads the audit; nil = nowhere
+	auditHealth  auditHealth
+	adminHandler http.Handler
+	budgets      keptBudgets // the parts' byte budgets, for /metrics
+
 	db      *sql.DB
 	closers []io.Closer
 
@@ -58,13 +63,17 @@ type Server struct {
 // error whatever was opened is closed again. ctx bounds start-up only (e.g.
 // loading pending approvals from the store); the Server runs until Shutdown.
 func New(ctx context.Context, cfg Config) (_ *Server, err error) {
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	s := &Server{cfg: cfg, log: cfg.Logger, version: cfg.Version}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	// Tokens are never logged: whatever reaches a log line (an error with a
 	// URL in it, a header) has agent tokens and tab secrets cut out.
 	s.log = slog.New(redact.Handler(s.log.Handler()))
+	if s.version == "" {
+		s.version = Version()
+	}
+	s.started = s.now()
 	defer func() {
 		if err != nil {
 			if s.audit == nil { // the sinks we were given are ours to close
@@ -87,6 +96,15 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Admin.Enabled {
+		s.metrics = newMetrics()
+		sinks = append(sinks, s.metrics.stream)
+		if s.auditQuerier == nil {
+			ring := newAuditRing(defaultAuditRingBytes)
+			sinks = append(sinks, ring)
+			s.auditQuerier = ring
+		}
+	}
 	s.audit = audit.New(audit.Config{Sinks: sinks, Logger: s.log, Clock: cfg.Clock})
 
 	kept := cfg.MaxKeptBytes
@@ -94,6 +112,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		kept = DefaultMaxKeptBytes
 	}
 	share := func(div int64) int { return int(max(kept/div, 1<<20)) }
+	s.budgets = keptBudgets{tabBuffers: share(4), idempotency: share(4), policies: share(8), outcomes: share(8), payloads: share(8)}
 	if s.tokens, err = tokens.NewManager(tokens.Config{Store: tstore, TTL: cfg.TokenTTL, SlidingTTL: cfg.SlidingTTL, Grace: cfg.Grace, Clock: cfg.Clock}); err != nil {
 		return nil, err
 	}
@@ -109,7 +128,6 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL,
 		PingInterval: cfg.PingInterval, RPCTimeout: cfg.RPCTimeout, Retention: cfg.Grace,
 		BufferBytes: share(4), LogRingBytes: min(pairing.DefaultLogRingBytes, share(4)),
-		FrameRate: tabFrameRate(cfg.LAPRate), ByteRate: tabByteRate(cfg.LAPRate),
 	}); err != nil {
 		return nil, err
 	}
@@ -131,18 +149,16 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Identity: cfg.Identity, AllowAnonymous: cfg.AllowAnonymous, CORSOrigins: cfg.Origins,
 		TrustProxy: cfg.TrustProxy, PublicURL: cfg.PublicURL, Clock: cfg.Clock,
 		IdemBytes: share(4), IdemBytesPerTID: min(lap.DefaultIdemBytesPerTID, share(4)), PolicyCacheBytes: share(8),
+		Observer: s.lapObserver(),
 	}); err != nil {
 		return nil, err
 	}
 	s.confirm.SetOnExpire(s.lap.OnConfirmExpire)
 
 	if !cfg.DisableMCP {
-		version := cfg.Version
-		if version == "" {
-			version = Version()
-		}
 		if s.mcp, err = mcp.NewHTTPHandler(mcp.HTTPConfig{
-			Config:         mcp.Config{Client: s.lap.Client(), Tools: cfg.MCPTools, Logger: s.log.With("component", "mcp"), Name: "lapd", Version: version},
+			Config: mcp.Config{Client: s.lap.Client(), Tools: cfg.MCPTools, Logger: s.log.With("component", "mcp"), Name: "lapd", Version: s.version,
+				Observer: s.mcpObserver()},
 			AllowedOrigins: cfg.Origins,
 			AllowedHosts:   s.servedHosts(),
 			TrustProxy:     cfg.TrustProxy,
@@ -151,35 +167,66 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
+	if s.metrics != nil && s.mcp != nil {
+		s.metrics.addTools(s.mcp.Executor().Tools())
+	}
 	s.perim = newPerimeter(s.routes(), s.servedHosts(), cfg.BodyReadTimeout, s.audit)
 	s.handler = s.perim
+	if err := s.buildAdmin(); err != nil {
+		return nil, err
+	}
+	if s.metrics != nil {
+		if err := s.registerMetrics(); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
+}
+
+// now is the Server's clock.
+func (s *Server) now() time.Time {
+	if s.cfg.Clock != nil {
+		return s.cfg.Clock()
+	}
+	return time.Now()
+}
+
+// lapObserver and mcpObserver are the metrics, or nil (an interface holding
+// a nil *metrics would not be nil).
+func (s *Server) lapObserver() lap.Observer {
+	if s.metrics == nil {
+		return nil
+	}
+	return s.metrics
+}
+
+func (s *Server) mcpObserver() mcp.Observer {
+	if s.metrics == nil {
+		return nil
+	}
+	return s.metrics
+}
+
+// registerMetrics fills the admin registry (lapd's collectors and the Go
+// runtime's) and the caller's Registerer (lapd's only).
+func (s *Server) registerMetrics() error {
+	c := newCollector(s)
+	if err := s.metrics.register(s.metrics.reg, c); err != nil {
+		return fmt.Errorf("lapd: metrics: %w", err)
+	}
+	if err := registerRuntime(s.metrics.reg); err != nil {
+		return fmt.Errorf("lapd: metrics: %w", err)
+	}
+	if r := s.cfg.Admin.Registerer; r != nil {
+		if err := s.metrics.register(r, newCollector(s)); err != nil {
+			return fmt.Errorf("lapd: Admin.Registerer: %w", err)
+		}
+	}
+	return nil
 }
 
 // cleanPrefix turns "" into the default "/agent", "/" into "" (routes at the
 // root) and "x/y/" into "/x/y".
-// tabFrameRate is a tab socket's inbound frame budget: pairing's default, or
-// more when the operator raised the LAP rate. A tab answers each LAP call
-// with two frames (the reply, then lapd.js's log-append), so a budget below
-// four frames per allowed call throttled the tab's replies under a rate the
-// operator had allowed (at --lap-rate 1e9 every tab served at most 100 calls
-// a second, each one waiting on the limiter).
-func tabFrameRate(lapRate rate.Limit) float64 {
-	if lapRate <= 0 {
-		lapRate = lap.DefaultRate
-	}
-	return max(pairing.DefaultFrameRate, 4*float64(lapRate))
-}
-
-// tabByteRate is a tab socket's inbound byte budget: pairing's default, or
-// one largest frame per allowed LAP call (a reply may be that large).
-func tabByteRate(lapRate rate.Limit) float64 {
-	if lapRate <= 0 {
-		lapRate = lap.DefaultRate
-	}
-	return max(pairing.DefaultByteRate, float64(lapRate)*float64(pairing.DefaultMaxFrame))
-}
-
 func cleanPrefix(p string) (string, error) {
 	if p == "" {
 		return lap.DefaultPrefix, nil
@@ -208,6 +255,7 @@ func (s *Server) routes() http.Handler {
 		mux.Handle(p+"/mcp", s.mcp)
 	}
 	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
 	if s.cfg.Demo {
 		mux.Handle("/", examples.Handler())
 		mux.Handle("/demo/save", examples.SaveHandler())
@@ -241,7 +289,8 @@ func clientHandler(prefix string) http.Handler {
 //	{Prefix}/lap/v1/…            LAP v2 (observe, message, …)
 //	{Prefix}/mcp                 MCP Streamable HTTP (unless DisableMCP)
 //	{Prefix}/client.js, .d.ts    the browser client
-//	GET /healthz                 {"status":"ok","tabs":N}; 503 while shutting down
+//	GET /healthz                 liveness: {"status":"ok","tabs":N}; 503 while shutting down
+//	GET /readyz                  readiness: store, audit, draining (see AdminHandler for the rest)
 //	/ and /demo/save             the demo app (with Demo)
 //
 // In a mux of your own, route {Prefix}/ to it (and /healthz if you want it):
@@ -276,19 +325,6 @@ func (s *Server) MCP() *mcp.HTTPHandler { return s.mcp }
 // its tab is closed with 4001, its pending approvals are dropped, and the
 // revoke is audited. tokens.ErrForbidden if tid is unknown.
 func (s *Server) Revoke(ctx context.Context, tid string) error { return s.lap.Revoke(ctx, tid) }
-
-func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	if s.lap.Draining() {
-		w.Header().Set("Retry-After", "5")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte(`{"status":"shutting-down"}`))
-		return
-	}
-	b, _ := json.Marshal(map[string]any{"status": "ok", "tabs": s.lap.PairedTabs()})
-	_, _ = w.Write(b)
-}
 
 // Shutdown stops lapd gracefully, within ctx's deadline, in this order:
 //

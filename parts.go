@@ -89,6 +89,11 @@ func (keepOpen) Close() error { return nil }
 // a JSONL file, the audit_entries table in lapd.db).
 func (s *Server) openAuditSinks(cfg Config) ([]audit.Sink, error) {
 	sinks := append([]audit.Sink(nil), cfg.AuditSinks...)
+	for _, k := range sinks {
+		if q, ok := k.(*audit.SQLiteSink); ok && s.auditQuerier == nil {
+			s.auditQuerier = q // the admin console reads the audit here
+		}
+	}
 	if cfg.AuditStdout {
 		sinks = append(sinks, audit.NewJSONLSink(os.Stdout))
 	}
@@ -99,6 +104,9 @@ func (s *Server) openAuditSinks(cfg Config) ([]audit.Sink, error) {
 		}
 		fs.SetRetention(cfg.AuditRetention)
 		sinks = append(sinks, fs)
+		if s.auditQuerier == nil {
+			s.auditQuerier = fs
+		}
 	}
 	if cfg.AuditSQLite {
 		if s.db == nil {
@@ -112,6 +120,7 @@ func (s *Server) openAuditSinks(cfg Config) ([]audit.Sink, error) {
 		}
 		ss.SetRetention(cfg.AuditRetention)
 		sinks = append(sinks, ss)
+		s.auditQuerier = ss
 	}
 	return sinks, nil
 }

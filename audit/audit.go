@@ -81,6 +81,7 @@ const (
 	EventDisconnect     = "disconnect"      // a tab's socket closed: detail {reason}
 	EventSupersede      = "supersede"       // a newer socket for a tid replaced a live one (closed 4002): detail {tabSecret, approvals}
 	EventAuditOverflow  = "audit-overflow"  // the audit queue was full: detail {dropped, events{name: n}, since, until}
+	EventAdmin          = "admin"           // an operator acted in the admin console: detail {action, ip, …}
 )
 
 // Events lists every event name above, in that order (for validating a
@@ -88,7 +89,7 @@ const (
 func Events() []string {
 	return []string{EventMint, EventClaim, EventRevoke, EventLapCall, EventMsgDispatched, EventMsgBlocked,
 		EventConfirmProposed, EventConfirmApproved, EventConfirmRejected, EventRateLimited, EventAuthFailed,
-		EventResume, EventRefused, EventConfirmExpired, EventDisconnect, EventSupersede, EventAuditOverflow}
+		EventResume, EventRefused, EventConfirmExpired, EventDisconnect, EventSupersede, EventAuditOverflow, EventAdmin}
 }
 
 // Entry is one audit record. Wire shape: {at(ms), tid|null, uid|null, event, detail}.
@@ -98,6 +99,11 @@ type Entry struct {
 	UID    string         `json:"uid"`
 	Event  string         `json:"event"`
 	Detail map[string]any `json:"detail"`
+
+	// RequestID is the id of the LAP or MCP call that caused the entry
+	// (Record takes it from the context when empty). Sinks see it as
+	// Detail["rid"]: the wire shape stays the reference's.
+	RequestID string `json:"-"`
 }
 
 // MarshalJSON writes "" tid/uid as null.

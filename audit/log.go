@@ -162,6 +162,9 @@ func (l *Log) Record(ctx context.Context, e Entry) {
 	if e.At == 0 {
 		e.At = l.cfg.Clock().UnixMilli()
 	}
+	if e.RequestID == "" {
+		e.RequestID = RequestID(ctx) // put in detail.rid by sanitizeEntry, on the writer
+	}
 	var deadline time.Time
 	for {
 		l.mu.Lock()
@@ -374,6 +377,16 @@ func (l *Log) Failures() int64 {
 	return l.failures.Load()
 }
 
+// Queued reports how many entries wait for the writer now.
+func (l *Log) Queued() int {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.q)
+}
+
 // Dropped reports how many entries were dropped because the queue stayed
 // full (each is counted in an audit-overflow entry), plus entries recorded
 // after Close (each is written to the Logger instead).
@@ -499,8 +512,15 @@ func appendString(buf []byte, s string) []byte {
 // sanitizeEntry returns e with a sanitized copy of its Detail, or with its
 // own Detail when nothing in it needs a change (the usual case: no copy).
 func sanitizeEntry(e Entry) Entry {
-	if !cleanMap(e.Detail, 0) {
-		e.Detail = sanitizeMap(e.Detail, 0)
+	rid := e.RequestID != "" && ValidRequestID(e.RequestID)
+	if rid || !cleanMap(e.Detail, 0) {
+		e.Detail = sanitizeMap(e.Detail, 0) // a copy: the caller's map is never changed
+	}
+	if rid {
+		if e.Detail == nil {
+			e.Detail = map[string]any{}
+		}
+		e.Detail["rid"] = e.RequestID
 	}
 	return e
 }
@@ -613,6 +633,7 @@ type Filter struct {
 	Since  int64    // ms, inclusive
 	Until  int64    // ms, exclusive; 0 = no bound
 	Limit  int      // 0 = no limit; the newest Limit entries, oldest first
+	Offset int      // with Limit: skip the newest Offset matching entries first (paging back)
 }
 
 // match reports whether e passes f's field filters (not Limit).

@@ -224,10 +224,15 @@ func (s *JSONLSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
 func (s *JSONLSink) Skipped() int64 { return s.skipped.Load() }
 
 // ScanJSONL reads JSONL audit entries from r and returns those that match f
-// (the newest f.Limit of them when set, oldest first) and how many lines it
+// (the newest f.Limit of them when set, after skipping the newest f.Offset,
+// oldest first) and how many lines it
 // skipped because they were not an entry or longer than MaxLine. Blank lines
 // are ignored.
 func ScanJSONL(ctx context.Context, r io.Reader, f Filter) (entries []Entry, skipped int, err error) {
+	keep := f.Limit
+	if keep > 0 && f.Offset > 0 {
+		keep += f.Offset
+	}
 	br := bufio.NewReaderSize(r, 64<<10)
 	var line []byte
 	tooLong := false
@@ -262,15 +267,21 @@ func ScanJSONL(ctx context.Context, r io.Reader, f Filter) (entries []Entry, ski
 				skipped++
 			} else if f.match(e) {
 				entries = append(entries, e)
-				if f.Limit > 0 && len(entries) > 2*f.Limit {
-					entries = append(entries[:0], entries[len(entries)-f.Limit:]...)
+				if keep > 0 && len(entries) > 2*keep {
+					entries = append(entries[:0], entries[len(entries)-keep:]...)
 				}
 			}
 		}
 		line, tooLong = line[:0], false
 	}
-	if f.Limit > 0 && len(entries) > f.Limit {
-		entries = entries[len(entries)-f.Limit:]
+	if keep > 0 && len(entries) > keep {
+		entries = entries[len(entries)-keep:]
+	}
+	if f.Limit > 0 && f.Offset > 0 {
+		entries = entries[:max(len(entries)-f.Offset, 0)]
+		if len(entries) > f.Limit {
+			entries = entries[len(entries)-f.Limit:]
+		}
 	}
 	return entries, skipped, nil
 }

@@ -265,7 +265,8 @@ func (s *SQLiteSink) pruneLocked(ctx context.Context) error {
 }
 
 // Query returns the entries that match f, oldest first (by at, then
-// insertion order); with f.Limit, the newest f.Limit of them.
+// insertion order); with f.Limit, the newest f.Limit of them (after
+// skipping the newest f.Offset).
 func (s *SQLiteSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
 	var where []string
 	var args []any
@@ -292,8 +293,8 @@ func (s *SQLiteSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
 	if f.Limit > 0 {
-		q += " ORDER BY at DESC, id DESC LIMIT ?"
-		args = append(args, f.Limit)
+		q += " ORDER BY at DESC, id DESC LIMIT ? OFFSET ?"
+		args = append(args, f.Limit, max(f.Offset, 0))
 	} else {
 		q += " ORDER BY at, id"
 	}

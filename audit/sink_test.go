@@ -82,6 +82,10 @@ func TestQuery(t *testing.T) {
 		{"limit keeps the newest, oldest first", audit.Filter{Limit: 3}, []int{7, 8, 9}},
 		{"limit with filter", audit.Filter{TID: "t0", Limit: 2}, []int{6, 8}},
 		{"limit above count", audit.Filter{Event: audit.EventMint, Limit: 100}, []int{0, 3, 6, 9}},
+		{"offset pages back", audit.Filter{Limit: 3, Offset: 3}, []int{4, 5, 6}},
+		{"offset with filter", audit.Filter{TID: "t0", Limit: 2, Offset: 2}, []int{2, 4}},
+		{"offset to the end", audit.Filter{Limit: 3, Offset: 8}, []int{0, 1}},
+		{"offset past the end", audit.Filter{Limit: 3, Offset: 20}, nil},
 		{"no match", audit.Filter{TID: "nope"}, nil},
 	}
 	for name, open := range querySinks {

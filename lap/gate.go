@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -41,37 +42,59 @@ type writer interface {
 	writeTo(w http.ResponseWriter)
 }
 
+// serveLAP serves one LAP call under its request id (the response's
+// X-Request-Id, the audit entries' detail.rid, the rpc frame's rid) and
+// tells the Observer how it ended.
 func (s *Server) serveLAP(w http.ResponseWriter, r *http.Request, route string, h lapHandler) {
+	ctx, rid := requestID(r)
+	debug := s.log.Enabled(ctx, slog.LevelDebug)
+	var start time.Time
+	if s.cfg.Observer != nil || debug {
+		start = time.Now()
+	}
+	w.Header().Set(HeaderRequestID, rid)
+	status := s.lapCall(w, r, ctx, route, h)
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.Call("lap", route, status, time.Since(start), rid)
+	}
+	if debug {
+		s.logCall(ctx, "lap", route, status, start, rid)
+	}
+}
+
+// lapCall runs the gate and the route and returns the status written.
+func (s *Server) lapCall(w http.ResponseWriter, r *http.Request, ctx context.Context, route string, h lapHandler) int {
 	if r.Method != http.MethodPost {
 		// The reference answers GET with a null body; every LAP client
 		// (its bridge included) POSTs.
 		e := errf(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "LAP routes take POST with a JSON body")
 		w.Header().Set("Allow", http.MethodPost)
-		s.auditRefusal(r, "", s.cfg.BasePath+route, e)
+		s.auditRefusal(ctx, r, "", s.cfg.BasePath+route, e)
 		writeError(w, e)
-		return
+		return e.status
 	}
 	if !s.enter() {
 		writeError(w, errShuttingDown)
-		return
+		return errShuttingDown.status
 	}
 	defer s.leave()
-	c := &call{s: s, r: r, ctx: r.Context(), route: route}
+	c := &call{s: s, r: r, ctx: ctx, route: route}
 	res, e := c.gate(w)
 	if e == nil {
 		res, e = h(c)
 	}
 	if e != nil {
-		s.auditRefusal(r, c.tid, s.cfg.BasePath+route, e)
+		s.auditRefusal(c.ctx, r, c.tid, s.cfg.BasePath+route, e)
 		writeError(w, e)
-		return
+		return e.status
 	}
 	c.finish()
 	if wt, ok := res.(writer); ok {
 		wt.writeTo(w)
-		return
+		return http.StatusOK
 	}
 	writeJSON(w, res)
+	return http.StatusOK
 }
 
 // gate runs the reference's checks in order and reads the body.
@@ -97,7 +120,7 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		if c.ctx.Err() != nil {
 			return nil, errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled")
 		}
-		c.s.log.Error("verifying a bearer failed", "err", err)
+		c.s.log.Error("verifying a bearer failed", "err", err, "rid", audit.RequestID(c.ctx))
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "token store unavailable")
 	}
 	c.tid = rec.TID
@@ -270,11 +293,28 @@ func (s *Server) paused(ctx context.Context, tid string) *apiError {
 // rpc calls tool on the tab (timeout 0 = the registry's default) and maps a
 // failure to the wire.
 func (c *call) rpc(tool string, args any, timeout time.Duration) (json.RawMessage, *apiError) {
+	start := c.rpcStart()
 	res, err := c.s.cfg.Registry.Call(c.ctx, c.tid, tool, args, timeout)
+	c.rpcDone(tool, start, err)
 	if err != nil {
 		return nil, c.rpcErr(err)
 	}
 	return res, nil
+}
+
+// rpcStart and rpcDone time an RPC for the Observer (no clock read
+// without one).
+func (c *call) rpcStart() time.Time {
+	if c.s.cfg.Observer == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+func (c *call) rpcDone(tool string, start time.Time, err error) {
+	if obs := c.s.cfg.Observer; obs != nil {
+		obs.RPC(tool, time.Since(start), err)
+	}
 }
 
 // rpcErr maps a Registry error to the wire; an error after the frame was

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lapd-dev/lapd/audit"
 )
 
 // MaxResponse caps a LAP response body read by the clients.
@@ -53,6 +55,9 @@ func (c *HTTPClient) Call(ctx context.Context, base, token, route string, body a
 		return nil, &Error{Code: "network", Detail: err.Error()}
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
+	if rid := audit.RequestID(ctx); rid != "" {
+		req.Header.Set(HeaderRequestID, rid)
+	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}

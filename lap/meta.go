@@ -50,7 +50,7 @@ var metaRoutes = map[string]metaHandler{
 func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, h metaHandler) {
 	if !s.corsHeaders(w, r, h.method) {
 		e := errf(http.StatusForbidden, CodeForbiddenOrigin, "origin "+r.Header.Get("Origin")+" may not call "+path)
-		s.auditRefusal(r, "", path, e)
+		s.auditRefusal(r.Context(), r, "", path, e)
 		writeError(w, e)
 		return
 	}
@@ -66,7 +66,7 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 	if r.Method != h.method {
 		e := errf(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "use "+h.method)
 		w.Header().Set("Allow", h.method)
-		s.auditRefusal(r, "", path, e)
+		s.auditRefusal(r.Context(), r, "", path, e)
 		writeError(w, e)
 		return
 	}
@@ -86,7 +86,7 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 	if r.Body != nil && r.Body != http.NoBody {
 		if r.ContentLength > MaxMetaBody {
 			e := errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
-			s.auditRefusal(m.r, "", path, e)
+			s.auditRefusal(m.ctx, m.r, "", path, e)
 			writeError(w, e)
 			return
 		}
@@ -96,7 +96,7 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 			if err != nil {
 				e = bodyReadError(err)
 			}
-			s.auditRefusal(m.r, "", path, e)
+			s.auditRefusal(m.ctx, m.r, "", path, e)
 			writeError(w, e)
 			return
 		}
@@ -109,7 +109,7 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 	res, e := h.fn(s, m)
 	if e != nil {
 		if e.status != http.StatusBadRequest {
-			s.auditRefusal(m.r, "", path, e)
+			s.auditRefusal(m.ctx, m.r, "", path, e)
 		}
 		writeError(w, e)
 		return

@@ -137,7 +137,9 @@ func routeObserve(c *call) (any, *apiError) {
 	// The result (the app's whole state) is read in place in the buffer it
 	// arrived in, and spliced into the response: never decoded, not copied
 	// out first.
+	start := c.rpcStart()
 	reply, err := c.s.cfg.Registry.CallReply(c.ctx, c.tid, "observe", emptyArgs, 0)
+	c.rpcDone("observe", start, err)
 	if err != nil {
 		return nil, c.rpcErr(err)
 	}

@@ -93,6 +93,8 @@ type Config struct {
 	IdemBytesPerTID int              // bytes of remembered /message bodies per tid; default 16 MiB
 	IdemBytes       int              // bytes of remembered /message bodies in all; default 128 MiB
 	Clock           func() time.Time // default time.Now
+
+	Observer Observer // told about every call and RPC (metrics); nil = none
 }
 
 // Server serves the meta and LAP routes. Safe for concurrent use.
@@ -229,11 +231,33 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if tail, ok := strings.CutPrefix(path, s.cfg.Prefix); ok {
 		if m, ok := metaRoutes[tail]; ok {
-			s.serveMeta(w, r, path, m)
+			s.observeMeta(w, r, path, tail, m)
 			return
 		}
 	}
 	writeError(w, errf(http.StatusNotFound, CodeNotFound, "no route "+path))
+}
+
+// observeMeta serves a meta route with a request id, timed for the
+// Observer.
+func (s *Server) observeMeta(w http.ResponseWriter, r *http.Request, path, route string, m metaHandler) {
+	start := time.Now()
+	ctx, rid := requestID(r)
+	w.Header().Set(HeaderRequestID, rid)
+	r = r.WithContext(ctx)
+	sw := statusWriters.Get().(*statusWriter)
+	sw.ResponseWriter, sw.status = w, 0
+	s.serveMeta(sw, r, path, m)
+	status := sw.status
+	sw.ResponseWriter = nil
+	statusWriters.Put(sw)
+	if status == 0 {
+		status = http.StatusOK
+	}
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.Call("meta", route, status, time.Since(start), rid)
+	}
+	s.logCall(ctx, "meta", route, status, start, rid)
 }
 
 // enter counts an in-flight call; false while draining.
@@ -309,7 +333,7 @@ func (s *Server) audit(ctx context.Context, tid, uid, event string, detail map[s
 // auditRefusal records a gate refusal under the matching event, within the
 // client IP's audit budget (audit.Log.RecordLimited: a flood of refusals
 // becomes one counted entry per interval).
-func (s *Server) auditRefusal(r *http.Request, tid, endpoint string, e *apiError) {
+func (s *Server) auditRefusal(ctx context.Context, r *http.Request, tid, endpoint string, e *apiError) {
 	ev := audit.EventRefused
 	switch e.code {
 	case CodeAuthFailed, CodeAuthRequired:
@@ -322,7 +346,7 @@ func (s *Server) auditRefusal(r *http.Request, tid, endpoint string, e *apiError
 		d["reconnect"] = e.reconnect
 	}
 	d["client"] = clientIP(r, s.cfg.TrustProxy)
-	s.cfg.Audit.RecordLimited(context.WithoutCancel(r.Context()), "ip:"+clientip.KeyOf(r, s.cfg.TrustProxy), audit.Entry{TID: tid, Event: ev, Detail: d})
+	s.cfg.Audit.RecordLimited(context.WithoutCancel(ctx), "ip:"+clientip.KeyOf(r, s.cfg.TrustProxy), audit.Entry{TID: tid, Event: ev, Detail: d})
 }
 
 // Stats are the Server's gauges and counters of kept data (for metrics).

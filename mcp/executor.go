@@ -81,6 +81,8 @@ type Config struct {
 	// gets a token but no URL (lapd mcp --url); ignored by the endpoint.
 	DefaultURL string
 
+	Observer Observer // told about every tool call (metrics); nil = none
+
 	Name    string // server name; default "lapd"
 	Version string // server version; default "dev"
 }
@@ -143,7 +145,7 @@ func (e *Executor) Register(s *mcpserver.MCPServer) {
 // /agent/mcp fast path (fastpath.go) calls for the same request.
 func (e *Executor) toolHandler(d toolDef) mcpserver.ToolHandlerFunc {
 	return func(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
-		return e.handle(ctx, d, req), nil
+		return e.observedCall(ctx, d, req), nil
 	}
 }
 

@@ -83,7 +83,8 @@ type fastPath struct {
 	http  *mcpserver.StreamableHTTPServer
 	table *sessionTable
 	tools map[string]fastTool
-	log   *slog.Logger // mcp-go's logger: its mcp.request and mcp.tool lines
+	log   *slog.Logger // mcp-go's server logger: its mcp.request and mcp.tool lines
+	tlog  *slog.Logger // mcp-go's transport logger
 
 	sessions sync.Map // legacy session id → the mcpserver.ClientSession mcp-go registered
 	notified sync.Map // legacy session ids a notification was sent to
@@ -125,7 +126,7 @@ func fastResultFrom(ctx context.Context) *fastResult {
 // captures mcp-go's response encodings with a probe; an error says why the
 // fast path stays off. cfg is the executor's configuration.
 func (f *fastPath) init(cfg Config, e *Executor, srv *mcpserver.MCPServer, transport *mcpserver.StreamableHTTPServer, table *sessionTable) error {
-	f.srv, f.http, f.table, f.log = srv, transport, table, mcpgoLogger(e.log)
+	f.srv, f.http, f.table, f.log, f.tlog = srv, transport, table, mcpgoLogger(e.log), e.log
 	f.tools = map[string]fastTool{}
 	for _, d := range e.defs {
 		t := d.mcpTool()
@@ -309,17 +310,20 @@ func jsonContentType(ct string) bool {
 	return err == nil && mt == "application/json"
 }
 
-// accept decides whether the fast path takes r; it writes nothing.
-func (f *fastPath) accept(r *http.Request, body []byte) (fastCall, bool) {
-	var c fastCall
-	if !jsonContentType(r.Header.Get("Content-Type")) {
-		return c, false
-	}
+// parseToolCall reads a tools/call envelope the fast path takes: a JSON
+// object with exactly the members jsonrpc ("2.0"), id (a string or a
+// number), method ("tools/call") and params (an object that mcp-go's
+// CallToolParams decodes, with no task and no multi-round-trip answers),
+// each once and spelt exactly. It fills c.id and c.idJSON as mcp-go decodes
+// and encodes the id, and c.req.Params as mcp-go decodes them, and returns
+// the raw params. Anything else is false (mcp-go answers it).
+// FuzzParseToolCall checks it against mcp-go's own decoding.
+func parseToolCall(body []byte, c *fastCall) (params []byte, ok bool) {
 	ms, ok := members(body)
 	if !ok || len(ms) != 4 {
-		return c, false
+		return nil, false
 	}
-	var jsonrpc, id, method, params []byte
+	var jsonrpc, id, method []byte
 	for _, m := range ms {
 		var slot *[]byte
 		switch m.key {
@@ -332,32 +336,48 @@ func (f *fastPath) accept(r *http.Request, body []byte) (fastCall, bool) {
 		case "params":
 			slot = &params
 		default:
-			return c, false
+			return nil, false
 		}
 		if *slot != nil {
-			return c, false // a member twice
+			return nil, false // a member twice
 		}
 		*slot = m.val
 	}
-	if string(jsonrpc) != `"2.0"` || string(method) != `"tools/call"` || params[0] != '{' {
-		return c, false
+	if string(jsonrpc) != `"2.0"` || string(method) != `"tools/call"` || len(params) == 0 || params[0] != '{' {
+		return nil, false
 	}
+	// the id as HandleMessage decodes it (into an any) and its responses
+	// encode it (mcpgo.NewRequestId(id))
 	if json.Unmarshal(id, &c.id) != nil {
-		return c, false
+		return nil, false
 	}
 	switch c.id.(type) {
 	case string, float64:
 	default:
-		return c, false // null is a notification; other ids are left to mcp-go
+		return nil, false // null is a notification; other ids are left to mcp-go
 	}
 	var err error
-	if c.idJSON, err = json.Marshal(c.id); err != nil {
-		return c, false
+	if c.idJSON, err = json.Marshal(mcpgo.NewRequestId(c.id)); err != nil {
+		return nil, false
 	}
 	p := &c.req.Params
 	if json.Unmarshal(params, p) != nil || p.Task != nil || p.InputResponses != nil || p.RequestState != "" {
+		return nil, false
+	}
+	return params, true
+}
+
+// accept decides whether the fast path takes r; it writes nothing.
+func (f *fastPath) accept(r *http.Request, body []byte) (fastCall, bool) {
+	var c fastCall
+	if !jsonContentType(r.Header.Get("Content-Type")) {
 		return c, false
 	}
+	params, ok := parseToolCall(body, &c)
+	if !ok {
+		return c, false
+	}
+	p := &c.req.Params
 	if c.tool, ok = f.tools[p.Name]; !ok {
 		return c, false
 	}
@@ -441,9 +461,6 @@ func (f *fastPath) run(w http.ResponseWriter, r *http.Request, c fastCall) {
 
 	res, err := f.call(ctx, c)
 
-	if r.Context().Err() != nil {
-		return // the client is gone; mcp-go writes nothing either
-	}
 	tmpl := &f.legacy
 	if c.info.Modern {
 		tmpl = &f.modern
@@ -471,19 +488,25 @@ func (f *fastPath) run(w http.ResponseWriter, r *http.Request, c fastCall) {
 		}
 		msg = mcpgo.NewJSONRPCResultResponse(mcpgo.NewRequestId(c.id), res)
 	}
+	// mcp-go logs the request when its handler returns, before writing.
+	f.logRequest(ctx, c, start, err)
+	if r.Context().Err() != nil {
+		return // the client is gone; mcp-go writes nothing either
+	}
+	// As mcp-go writes a JSON response: Content-Type, the status (200, also
+	// for INTERNAL_ERROR in the modern era), then the body in one Write
+	// (net/http frames it as it frames mcp-go's: Content-Length when it is
+	// small, chunked otherwise).
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
 	if msg != nil {
 		bb := bytes.NewBuffer(buf.b)
 		if jerr := json.NewEncoder(bb).Encode(msg); jerr != nil {
-			f.log.Error("Failed to write response", "err", jerr)
+			f.tlog.Error("Failed to write response", "err", jerr)
 			return
 		}
 		buf.b = bb.Bytes()
 	}
-	f.logRequest(ctx, c, start, err)
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(buf.b)))
-	w.WriteHeader(http.StatusOK) // also for INTERNAL_ERROR in the modern era (its HTTP status is 200)
 	_, _ = w.Write(buf.b)
 }
 

@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"maps"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -42,6 +45,8 @@ func normalise(b []byte) string {
 // diffSide is one of the two endpoints and what a client of it holds.
 type diffSide struct {
 	hh     *httpHarness
+	obs    *obsRec
+	logs   *logRec
 	sid    string // legacy MCP session
 	handle string // from connect_session
 }
@@ -49,7 +54,71 @@ type diffSide struct {
 type diffReply struct {
 	status int
 	ctype  string
+	header string // every response header but Date, normalised
+	frame  string // Content-Length and Transfer-Encoding as the client saw them
 	body   []byte
+}
+
+// obsRec is an Observer (the metrics instruments) that records each call.
+type obsRec struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (o *obsRec) ToolCall(tool, era string, _ time.Duration, isError bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.calls = append(o.calls, fmt.Sprintf("%s %s isError=%v", tool, era, isError))
+}
+
+func (o *obsRec) list() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.calls)
+}
+
+// logRec records every log line (all levels) but its durations.
+type logRec struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+type logRecHandler struct {
+	rec   *logRec
+	attrs []slog.Attr
+}
+
+func (h logRecHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h logRecHandler) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", r.Level, r.Message)
+	add := func(a slog.Attr) bool {
+		if a.Key != "duration_s" {
+			fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		}
+		return true
+	}
+	for _, a := range h.attrs {
+		add(a)
+	}
+	r.Attrs(add)
+	h.rec.mu.Lock()
+	defer h.rec.mu.Unlock()
+	h.rec.lines = append(h.rec.lines, normalise([]byte(b.String())))
+	return nil
+}
+
+func (h logRecHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return logRecHandler{rec: h.rec, attrs: append(slices.Clip(h.attrs), as...)}
+}
+
+func (h logRecHandler) WithGroup(string) slog.Handler { return h }
+
+func (l *logRec) list() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.lines)
 }
 
 func (s *diffSide) post(t *testing.T, body string, hdr map[string]string) diffReply {
@@ -67,7 +136,17 @@ func (s *diffSide) post(t *testing.T, body string, hdr map[string]string) diffRe
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return diffReply{resp.StatusCode, resp.Header.Get("Content-Type"), b}
+	h := resp.Header.Clone()
+	h.Del("Date")
+	var hb bytes.Buffer
+	_ = h.Write(&hb)
+	return diffReply{
+		status: resp.StatusCode,
+		ctype:  resp.Header.Get("Content-Type"),
+		header: normalise(hb.Bytes()),
+		frame:  fmt.Sprintf("Content-Length %d, Transfer-Encoding %q", resp.ContentLength, resp.TransferEncoding),
+		body:   b,
+	}
 }
 
 type diffPair struct {
@@ -78,19 +157,23 @@ type diffPair struct {
 func newDiffPair(t *testing.T, script func(*fakeLAP), mutate func(*HTTPConfig)) *diffPair {
 	t.Helper()
 	mk := func(disable bool) *diffSide {
-		hh := newHTTPHarness(t, func(c *HTTPConfig) {
+		s := &diffSide{obs: &obsRec{}, logs: &logRec{}}
+		s.hh = newHTTPHarness(t, func(c *HTTPConfig) {
 			c.DisableFastPath = disable
 			c.Tools = ToolsAll
+			c.Observer = s.obs
+			c.Logger = slog.New(logRecHandler{rec: s.logs})
 			if mutate != nil {
 				mutate(c)
 			}
 		})
 		if script != nil {
-			script(hh.lap)
+			script(s.hh.lap)
 		}
-		return &diffSide{hh: hh}
+		return s
 	}
 	p := &diffPair{t: t, fast: mk(false), slow: mk(true)}
+	t.Cleanup(p.compareEffects)
 	if p.fast.hh.h.fast == nil {
 		t.Fatal("the fast path is off")
 	}
@@ -106,6 +189,13 @@ func legacyHdr() map[string]string {
 
 func modernHdr(name string) map[string]string {
 	return map[string]string{"MCP-Protocol-Version": mcpgo.ProtocolVersion20260728, "Mcp-Method": "tools/call", "Mcp-Name": name}
+}
+
+// withHdr returns h with k: v added.
+func withHdr(h map[string]string, k, v string) map[string]string {
+	out := maps.Clone(h)
+	out[k] = v
+	return out
 }
 
 const modernMeta = `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}`
@@ -139,10 +229,56 @@ func (p *diffPair) send(name, body string, hdr map[string]string, wantFast bool)
 	if took := p.fast.hh.h.fast.served.Load() > n0; took != wantFast {
 		p.t.Errorf("%s: fast path took it: %v, want %v (reply %d %.300s)", name, took, wantFast, f.status, f.body)
 	}
-	if f.status != s.status || f.ctype != s.ctype || normalise(f.body) != normalise(s.body) {
-		p.t.Errorf("%s: fast path answered\n  %d %s %s\nmcp-go answered\n  %d %s %s", name, f.status, f.ctype, f.body, s.status, s.ctype, s.body)
+	if f.status != s.status || f.header != s.header || f.frame != s.frame || normalise(f.body) != normalise(s.body) {
+		p.t.Errorf("%s: fast path answered\n  %d %s\n%s  %s\nmcp-go answered\n  %d %s\n%s  %s", name, f.status, f.frame, f.header, f.body, s.status, s.frame, s.header, s.body)
 	}
 	return f
+}
+
+// compareEffects compares what both sides did besides answering: the LAP
+// calls they made (route, token, body, request id), the metrics
+// instruments' records, the log lines and the audit entries.
+func (p *diffPair) compareEffects() {
+	p.t.Helper()
+	lapCalls := func(s *diffSide) []string {
+		s.hh.lap.mu.Lock()
+		defer s.hh.lap.mu.Unlock()
+		var out []string
+		for _, c := range s.hh.lap.calls {
+			b, _ := json.Marshal(c.Body)
+			rid := c.RID
+			if rid == "" {
+				rid = "(none)"
+			} else if !strings.HasPrefix(rid, "test-") {
+				rid = "(generated)"
+			}
+			out = append(out, normalise([]byte(fmt.Sprintf("%s %s %s rid=%s %s", c.Base, c.Token, c.Route, rid, b))))
+		}
+		return out
+	}
+	auditEntries := func(s *diffSide) []string {
+		s.hh.audit.mu.Lock()
+		defer s.hh.audit.mu.Unlock()
+		var out []string
+		for _, e := range s.hh.audit.es {
+			b, _ := json.Marshal(e.Detail)
+			out = append(out, e.Event+" "+normalise(b))
+		}
+		return out
+	}
+	for _, c := range []struct {
+		what       string
+		fast, slow []string
+	}{
+		{"LAP calls", lapCalls(p.fast), lapCalls(p.slow)},
+		{"metrics", p.fast.obs.list(), p.slow.obs.list()},
+		{"log lines", p.fast.logs.list(), p.slow.logs.list()},
+		{"audit entries", auditEntries(p.fast), auditEntries(p.slow)},
+	} {
+		if !slices.Equal(c.fast, c.slow) {
+			p.t.Errorf("%s differ:\nfast path:\n  %s\nmcp-go:\n  %s", c.what, strings.Join(c.fast, "\n  "), strings.Join(c.slow, "\n  "))
+		}
+	}
 }
 
 // connect calls connect_session on both sides and keeps each side's handle.
@@ -172,9 +308,22 @@ func scriptLAP(f *fakeLAP) {
 		}
 		return dispatched(`[{"op":"add","path":"/todos/0","value":"<b>x</b> & \"y\"\u2028"}]`, twoActions), nil
 	})
-	f.on("/state", func(int, fakeCall) (any, error) {
-		return json.RawMessage(`{"state":{"todos":["é","\u0000","<script>"]}}`), nil
+	f.on("/state", func(n int, _ fakeCall) (any, error) {
+		if n == 1 {
+			return json.RawMessage(`{"state":{"todos":["é","\u0000","<script>"]}}`), nil
+		}
+		return json.RawMessage(`{"state":` + bigState() + `}`), nil
 	})
+}
+
+// bigState is about 10 KiB of state (net/http sends it chunked) with
+// markup, escapes and multi-byte characters.
+func bigState() string {
+	var todos []string
+	for i := 0; len(strings.Join(todos, ",")) < 10<<10; i++ {
+		todos = append(todos, fmt.Sprintf(`{"id":%d,"title":"todo <%d> & \"é\u2028\\ \t","done":%v}`, i, i, i%2 == 0))
+	}
+	return `{"todos":[` + strings.Join(todos, ",") + `]}`
 }
 
 func TestFastPathMatchesMCPGoLegacy(t *testing.T) {
@@ -190,6 +339,8 @@ func TestFastPathMatchesMCPGoLegacy(t *testing.T) {
 	p.send("observe default binding", call("4", "observe", `{}`), h, true)
 	p.send("observe by handle, string id", call(`"abc-1"`, "observe", `{"session":"{{H}}"}`), h, true)
 	p.send("observe verbose", call("5", "observe", `{"verbose":true}`), h, true)
+	p.send("a request id", call("5.5", "observe", `{}`), withHdr(h, "X-Request-Id", "test-rid-1"), true)
+	p.send("an invalid request id", call("5.6", "observe", `{}`), withHdr(h, "X-Request-Id", "test rid with spaces, and over any sane length: 0123456789012345678901234567890123456789012345678901234567890123456789"), true)
 	p.send("unknown argument", call("6", "observe", `{"nope":1}`), h, true)
 	p.send("arguments null", call("7", "observe", `null`), h, true)
 	p.send("arguments an array", call("8", "observe", `[1]`), h, true)
@@ -199,6 +350,9 @@ func TestFastPathMatchesMCPGoLegacy(t *testing.T) {
 	p.send("send_message batch", call("12", "send_message", `{"msgs":[{"type":"addTodo"},{"type":"clearAll"},{"type":"addTodo"}]}`), h, true)
 	p.send("send_message failing", call("13", "send_message", `{"msg":{"type":"slow"},"idempotencyKey":"k2"}`), h, true)
 	p.send("get_state", call("14", "get_state", `{}`), h, true)
+	if r := p.send("get_state, 10 KiB", call("14.5", "get_state", `{}`), h, true); r.frame != `Content-Length -1, Transfer-Encoding ["chunked"]` {
+		t.Errorf("a 10 KiB result: %s, want it chunked", r.frame)
+	}
 	p.send("narrate", call("15", "narrate", `{"text":"hello"}`), h, true)
 	p.send("id 1.5", call("1.5", "observe", `{}`), h, true)
 	p.send("id -7", call("-7", "observe", `{}`), h, true)
@@ -263,7 +417,7 @@ func TestFastPathMatchesMCPGoModern(t *testing.T) {
 	p.connect("connect_session", call("2", "connect_session", `{"token":"`+tokA+`"}`), modernHdr("connect_session"), true)
 	p.send("observe", call("3", "observe", `{"session":"{{H}}"}`), modernHdr("observe"), true)
 	p.send("observe, string id", call(`"x"`, "observe", `{"session":"{{H}}","verbose":true}`), modernHdr("observe"), true)
-	p.send("send_message", call("4", "send_message", `{"session":"{{H}}","msg":{"type":"addTodo"},"idempotencyKey":"k"}`), modernHdr("send_message"), true)
+	p.send("send_message", call("4", "send_message", `{"session":"{{H}}","msg":{"type":"addTodo"},"idempotencyKey":"k"}`), withHdr(modernHdr("send_message"), "X-Request-Id", "test-rid-2"), true)
 	p.send("send_message failing", call("5", "send_message", `{"session":"{{H}}","msg":{"type":"slow"}}`), modernHdr("send_message"), true)
 	p.send("invalid arguments", call("6", "observe", `{"session":7}`), modernHdr("observe"), true)
 	p.send("client info and log level", `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_state","arguments":{"session":"{{H}}"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{}},"io.modelcontextprotocol/clientInfo":{"name":"c","version":"1"},"io.modelcontextprotocol/logLevel":"debug"}}}`, modernHdr("get_state"), true)

@@ -233,6 +233,9 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusForbidden, "forbidden-host", 0)
 		return
 	}
+	if rid := r.Header.Get("X-Request-Id"); rid != "" && audit.ValidRequestID(rid) {
+		r = r.WithContext(audit.WithRequestID(r.Context(), rid))
+	}
 	if !h.originAllowed(r) {
 		h.audit(r, audit.EventRefused, map[string]any{"status": http.StatusForbidden, "code": "forbidden-origin", "origin": r.Header.Get("Origin")})
 		writeJSONError(w, http.StatusForbidden, "forbidden-origin", 0)

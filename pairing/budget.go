@@ -16,7 +16,8 @@ import (
 // socket with 1013 (try again later). Every shed is counted (Stats) and
 // logged. Inbound frames are rate-limited per socket, in frames and bytes:
 // over the rate the reader waits (TCP pushes back on the tab), nothing is
-// dropped.
+// dropped. Answers to the server's own calls are not counted (see
+// session.solicited).
 const (
 	DefaultLogRingBytes = 1 << 20   // per tid
 	DefaultBufferBytes  = 128 << 20 // rings and hellos of every tid

@@ -105,3 +105,47 @@ func TestInboundRate(t *testing.T) {
 		t.Fatalf("Stats %+v: no frame was delayed", st)
 	}
 }
+
+// Answers to the server's own requests (rpc-reply, the log-append that
+// echoes the rpc, as lapd.js sends both) are not counted in the socket's
+// inbound rates: with a rate of 200 frames/s (burst 5) and 4 KiB/s (burst
+// 2 KiB), 40 calls (80 frames, 25 KiB) answered as fast as the tab can are
+// never delayed, while unsolicited frames past the bursts are.
+func TestSolicitedFramesNotThrottled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config, _ *tokens.Config) {
+		c.FrameRate = 200
+		c.FrameBurst = 5
+		c.ByteRate = 4096
+		c.MaxFrame = 1 << 10
+	})
+	tok, tid := e.mint("")
+	tb := e.pair(tok) // hello: one unsolicited frame
+	st0 := e.reg.Stats().Throttled
+	for i := range 40 {
+		done := make(chan error, 1)
+		go func() {
+			_, err := e.reg.Call(ctxT(t), tid, "observe", nil, 0)
+			done <- err
+		}()
+		f := tb.expect("rpc")
+		tb.send(map[string]any{"t": "rpc-reply", "id": f["id"], "result": map[string]any{"n": i, "pad": strings.Repeat("x", 600)}})
+		tb.send(map[string]any{"t": "log-append", "entry": map[string]any{"id": f["id"], "kind": "read"}})
+		if err := recv(t, done); err != nil {
+			t.Fatal(err)
+		}
+		recv(t, e.logs)
+	}
+	if st := e.reg.Stats(); st.Throttled != st0 {
+		t.Fatalf("Stats %+v: %d answers were delayed", st, st.Throttled-st0)
+	}
+	// An rpc-reply nobody waits for is not an answer: it is counted.
+	for range 4 {
+		tb.send(map[string]any{"t": "rpc-reply", "id": "made-up", "result": strings.Repeat("x", 600)})
+	}
+	tb.send(map[string]any{"t": "log-append", "entry": map[string]any{"id": "x"}})
+	recv(t, e.logs)
+	if st := e.reg.Stats(); st.Throttled == st0 {
+		t.Fatalf("Stats %+v: unsolicited frames were not delayed", st)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"time"
 
@@ -214,6 +215,32 @@ func entryKind(e json.RawMessage) string {
 	return k.Kind
 }
 
+// solicited reports whether f answers a request of the server's own: an
+// rpc-reply or rpc-error for a call in flight, a state-update for a watch,
+// a log-append whose entry id the server expects back (logID). Those are
+// not counted in the socket's inbound rates: the server paced them (its
+// calls are bounded by the LAP rate limit and MaxInFlight), and lapd.js
+// sends two of them per call, so a per-socket rate would cap how fast one
+// tab can be called far below what the LAP rate allows.
+func (s *session) solicited(f *inFrame, logID string) bool {
+	switch f.T {
+	case "rpc-reply", "rpc-error", "state-update", "log-append":
+	default:
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch f.T {
+	case "state-update":
+		_, ok := s.watches[f.ID]
+		return ok
+	case "log-append":
+		return logID != "" && slices.Contains(s.expect, logID)
+	}
+	_, ok := s.calls[f.ID]
+	return ok
+}
+
 // handoffSize is the rpc-reply result size from which the result is handed
 // to its caller in the read buffer instead of copied out of it.
 const handoffSize = 4 << 10
@@ -226,6 +253,13 @@ const handoffSize = 4 << 10
 func (c *conn) handle(buf *bytes.Buffer) (kept bool) {
 	r, s := c.r, c.s
 	f, err := decodeFrame(buf.Bytes())
+	var logID string
+	if err == nil && f.T == "log-append" {
+		logID = entryID(f.Entry)
+	}
+	if err != nil || !s.solicited(&f, logID) {
+		c.in.wait(r, buf.Len())
+	}
 	switch {
 	case errors.Is(err, errUnknownT):
 		r.unknown.Add(1)
@@ -265,7 +299,7 @@ func (c *conn) handle(buf *bytes.Buffer) (kept bool) {
 		}
 	case "log-append":
 		f.Entry = clone(f.Entry)
-		id := entryID(f.Entry)
+		id := logID
 		s.mu.Lock()
 		if len(f.Entry) <= MaxLogEntry && !s.dropped {
 			delta, dropped := s.appendLogLocked(f.Entry, r.cfg.LogRing, r.cfg.LogRingBytes)
@@ -366,9 +400,10 @@ func (c *conn) hello(f inFrame) {
 	}
 }
 
-// rpcFrame builds {t:'rpc', id, tool, args}; json.RawMessage args are
+// rpcFrame builds {t:'rpc', id, tool, args} plus lapd's optional rid (the
+// request id of the call that made it; "" = none); json.RawMessage args are
 // inserted as is ({} when empty).
-func rpcFrame(id, tool string, args any) ([]byte, error) {
+func rpcFrame(id, tool string, args any, rid string) ([]byte, error) {
 	var a []byte
 	switch v := args.(type) {
 	case json.RawMessage:
@@ -394,6 +429,11 @@ func rpcFrame(id, tool string, args any) ([]byte, error) {
 	b = append(b, toolJSON...)
 	b = append(b, `,"args":`...)
 	b = append(b, a...)
+	if rid != "" && audit.ValidRequestID(rid) { // nothing to escape
+		b = append(b, `,"rid":"`...)
+		b = append(b, rid...)
+		b = append(b, '"')
+	}
 	b = append(b, '}')
 	return b, nil
 }

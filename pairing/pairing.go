@@ -61,7 +61,8 @@
 // for Retention, at most MaxClosed). Each tab's send queue is bounded (full
 // → closed with 4008, the caller never blocks); inbound frames are capped at
 // MaxFrame (over → 1009), rate-limited per socket (FrameRate, ByteRate:
-// the reader waits) and scanned once, never decoded (the result bytes of a
+// the reader waits; answers to the server's own calls and watches are not
+// counted) and scanned once, never decoded (the result bytes of a
 // reply are passed through); in-flight calls and watches per tab are capped
 // at MaxInFlight (ErrBusy). What lapd keeps per tab (log ring, hello) is
 // counted in bytes, per tid and in all (BufferBytes, see budget.go; a hello
@@ -188,6 +189,7 @@ type Stats struct {
 	QueueOverflowCloses int64 // sockets closed with 4008
 	RefusedApprovals    int64 // confirm-resolved frames refused (a socket that superseded a live tab without the tab secret)
 	ActiveTabs          int   // tids with a live socket now
+	HeldTabs            int   // tids held: live, or closed and kept for Retention
 	ParkedTabs          int   // of those, idle ones held without a reader goroutine (Linux)
 
 	BufferBytes    int64 // bytes of log rings and hellos kept now (gauge)
@@ -195,6 +197,9 @@ type Stats struct {
 	ClosedShed     int64 // closed tabs whose buffers were dropped early for BufferBytes
 	Throttled      int64 // inbound frames delayed by the per-socket rate
 	OverloadCloses int64 // sockets closed with 1013: their hello did not fit BufferBytes
+
+	FramesIn, FramesOut int64 // WebSocket messages read from and written to tabs
+	BytesIn, BytesOut   int64 // their payload bytes
 }
 
 // ConfirmResolved is a tab's confirm-resolved frame.
@@ -245,9 +250,9 @@ type Config struct {
 	LogRing        int             // recent-log entries per tid; default 100
 	LogRingBytes   int             // bytes of recent-log entries per tid; default 1 MiB
 	BufferBytes    int             // rings and hellos of every tid, live or closed; default 128 MiB
-	FrameRate      float64         // inbound frames per second per socket; default 200
+	FrameRate      float64         // inbound frames per second per socket, answers to calls not counted; default 200
 	FrameBurst     int             // default 1000
-	ByteRate       float64         // inbound bytes per second per socket; default 8 MiB/s
+	ByteRate       float64         // inbound bytes per second per socket, answers to calls not counted; default 8 MiB/s
 	Hooks          Hooks
 }
 
@@ -275,10 +280,11 @@ type Registry struct {
 	superseded, hbCloses, overflowCloses        atomic.Int64
 	refusedApprovals                            atomic.Int64
 
-	bufBytes                          atomic.Int64 // rings and hellos kept
-	logDropped, closedShed, throttled atomic.Int64
-	overloadCloses                    atomic.Int64
-	lastShedLog                       time.Time // guarded by mu
+	bufBytes                               atomic.Int64 // rings and hellos kept
+	logDropped, closedShed, throttled      atomic.Int64
+	overloadCloses                         atomic.Int64
+	lastShedLog                            time.Time // guarded by mu
+	framesIn, framesOut, bytesIn, bytesOut atomic.Int64
 }
 
 // session is everything lapd keeps per tid: the live socket (if any), the
@@ -302,6 +308,7 @@ type session struct {
 	connectedAt int64
 	lastHB      int64
 	accepts     int
+	rpcs        atomic.Int64      // Calls made to this tid (for the admin console)
 	ring        []json.RawMessage // oldest first, len ≤ LogRing
 	ringBytes   int               // bytes of ring
 	expect      []string          // log entry ids expected back (rpc ids, ExpectLog), oldest first, ≤ maxExpect
@@ -375,7 +382,7 @@ func (r *Registry) SetHooks(h Hooks) { r.hooks.Store(&h) }
 // Stats returns the registry's counters.
 func (r *Registry) Stats() Stats {
 	r.mu.Lock()
-	active := 0
+	active, held := 0, len(r.sessions)
 	for _, s := range r.sessions {
 		if s.closedElem == nil && !s.isClosed() {
 			active++
@@ -392,12 +399,17 @@ func (r *Registry) Stats() Stats {
 		QueueOverflowCloses: r.overflowCloses.Load(),
 		RefusedApprovals:    r.refusedApprovals.Load(),
 		ActiveTabs:          active,
+		HeldTabs:            held,
 		ParkedTabs:          r.park.count(),
 		BufferBytes:         r.bufBytes.Load(),
 		LogShed:             r.logDropped.Load(),
 		ClosedShed:          r.closedShed.Load(),
 		Throttled:           r.throttled.Load(),
 		OverloadCloses:      r.overloadCloses.Load(),
+		FramesIn:            r.framesIn.Load(),
+		FramesOut:           r.framesOut.Load(),
+		BytesIn:             r.bytesIn.Load(),
+		BytesOut:            r.bytesOut.Load(),
 	}
 }
 
@@ -610,6 +622,8 @@ func (r *Registry) CallReply(ctx context.Context, tid, tool string, args any, ti
 }
 
 // Call sends {t:'rpc', id, tool, args} to tid's tab and waits for the answer.
+// The frame also carries rid, the request id of ctx (audit.WithRequestID),
+// when there is one: an optional field a tab may ignore.
 // timeout 0 = Config.RPCTimeout. Errors: ErrPaused, ErrTimeout, *RPCError,
 // ctx.Err() (and ErrClosed while shutting down, ErrBusy over MaxInFlight).
 // args may be json.RawMessage (sent as is) or any JSON-marshalable value.
@@ -631,8 +645,9 @@ func (r *Registry) call(ctx context.Context, tid, tool string, args any, timeout
 	if err != nil {
 		return callResult{err: err}
 	}
+	s.rpcs.Add(1)
 	id := newID()
-	frame, err := rpcFrame(id, tool, args)
+	frame, err := rpcFrame(id, tool, args, audit.RequestID(ctx))
 	if err != nil {
 		return callResult{err: err}
 	}

@@ -612,6 +612,10 @@ func (c *conn) writeLoop(done chan struct{}) {
 			ctx, cancel := context.WithTimeout(context.Background(), c.r.cfg.WriteTimeout)
 			err := c.ws.Write(ctx, websocket.MessageText, b)
 			cancel()
+			if err == nil {
+				c.r.framesOut.Add(1)
+				c.r.bytesOut.Add(int64(len(b)))
+			}
 			batch[i] = nil
 			if err != nil {
 				c.mu.Lock()
@@ -662,6 +666,8 @@ func (c *conn) close(code int, reason string) {
 			if c.ws.Write(ctx, websocket.MessageText, b) != nil {
 				break
 			}
+			c.r.framesOut.Add(1)
+			c.r.bytesOut.Add(int64(len(b)))
 		}
 		cancel()
 		// A tab that stopped reading never answers the close frame: bound
@@ -882,8 +888,9 @@ func (c *conn) readFrame() error {
 	_, err = buf.ReadFrom(rd)
 	kept := false
 	if err == nil {
-		c.in.wait(c.r, buf.Len())
-		kept = c.handle(buf)
+		c.r.framesIn.Add(1)
+		c.r.bytesIn.Add(int64(buf.Len()))
+		kept = c.handle(buf) // waits for the socket's inbound rates first
 	} else if int64(buf.Len()) >= c.r.cfg.MaxFrame {
 		err = errFrameTooBig // the library has closed the socket with 1009
 	}

@@ -36,6 +36,10 @@ var configs = map[string]config{
 	"sqlite-none":   {"sqlite-none", []string{"--audit", "none"}},
 	"sqlite-sqlite": {"sqlite-sqlite", []string{"--audit", "sqlite"}},
 	"sqlite-file":   {"sqlite-file", []string{"--audit", "file:@DATA/audit.jsonl"}},
+	// The admin listener (metrics on the hot path, issue #11) against
+	// default, and default again: an A/A pair that shows the noise alone.
+	"default-admin": {"default-admin", []string{"--admin-addr", "127.0.0.1:0"}},
+	"default-again": {"default-again", nil},
 }
 
 // proc is a running server process (lapd serve or the floor server).
@@ -50,7 +54,7 @@ type proc struct {
 	config  string
 }
 
-var listenRE = regexp.MustCompile(`listening on (http://[0-9.:\[\]]+)`)
+var listenRE = regexp.MustCompile(`listening on (http://[0-9.:\[\]]+)`) // lapd's line comes before the admin listener's
 var pprofRE = regexp.MustCompile(`pprof on (http://[0-9.:\[\]]+)`)
 
 // startLapd runs `lapd serve` with cfg's flags on a free loopback port and a

@@ -166,7 +166,7 @@ func TestBannerSaysAnonymousMintIsOff(t *testing.T) {
 			t.Fatal(err)
 		}
 		var b bytes.Buffer
-		printBanner(&b, c, a, []string{"http://127.0.0.1:8787", "http://192.168.1.20:8787"})
+		printBanner(&b, c, a, []string{"http://127.0.0.1:8787", "http://192.168.1.20:8787"}, "")
 		for _, w := range tc.want {
 			if !strings.Contains(b.String(), w) {
 				t.Errorf("%v: banner lacks %q:\n%s", tc.args, w, b.String())
@@ -392,6 +392,56 @@ func TestServeThenAudit(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "agt_") || strings.Contains(stderr.String(), "agt_") {
 		t.Error("a token leaked into the audit output or the logs")
+	}
+}
+
+// --admin-addr and --admin-token: off by default, a bare port is loopback,
+// beyond loopback needs a token, never the public address; the env works
+// (LAPD_ADMIN_TOKEN keeps the token out of ps); flags only map to Config.
+func TestAdminFlags(t *testing.T) {
+	c, err := parseServeFlags(nil, io.Discard, envMap(nil))
+	if err != nil || c.AdminAddr != "" {
+		t.Fatalf("default: %q %v", c.AdminAddr, err)
+	}
+	lc, _ := lapdConfig(c, io.Discard, nil)
+	if lc.Admin.Enabled || lc.Admin.Token != "" {
+		t.Errorf("admin on by default: %+v", lc.Admin)
+	}
+	const tok = "0123456789abcdef-tok"
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		addr string // "" = refused
+	}{
+		{[]string{"--admin-addr", ":9090"}, nil, "127.0.0.1:9090"},
+		{[]string{"--admin-addr", "9090"}, nil, "127.0.0.1:9090"},
+		{[]string{"--admin-addr", "[::1]:9090"}, nil, "[::1]:9090"},
+		{[]string{"--admin-addr", "0.0.0.0:9090"}, nil, ""},
+		{[]string{"--admin-addr", "0.0.0.0:9090", "--admin-token", tok}, nil, "0.0.0.0:9090"},
+		{[]string{"--admin-addr", "0.0.0.0:9090"}, map[string]string{"LAPD_ADMIN_TOKEN": tok}, "0.0.0.0:9090"},
+		{nil, map[string]string{"LAPD_ADMIN_ADDR": "127.0.0.1:9091"}, "127.0.0.1:9091"},
+		{[]string{"--admin-addr", "127.0.0.1:8787"}, nil, ""},                  // the public --addr
+		{[]string{"--addr", "0.0.0.0:9090", "--admin-addr", ":9090"}, nil, ""}, // overlaps it
+		{[]string{"--admin-addr", ":9090", "--admin-token", "short"}, nil, ""},
+		{[]string{"--admin-token", tok}, nil, ""}, // a token without a listener
+		{[]string{"--admin-addr", "nonsense"}, nil, ""},
+	} {
+		c, err := parseServeFlags(tc.args, io.Discard, envMap(tc.env))
+		if tc.addr == "" {
+			var ue usageError
+			if !errors.As(err, &ue) {
+				t.Errorf("%v %v: want a usage error, got %v (addr %q)", tc.args, tc.env, err, c.AdminAddr)
+			}
+			continue
+		}
+		if err != nil || c.AdminAddr != tc.addr {
+			t.Errorf("%v %v: addr %q err %v, want %q", tc.args, tc.env, c.AdminAddr, err, tc.addr)
+			continue
+		}
+		lc, err := lapdConfig(c, io.Discard, nil)
+		if err != nil || !lc.Admin.Enabled || lc.Admin.Token != c.AdminToken {
+			t.Errorf("%v: Config.Admin %+v (%v)", tc.args, lc.Admin, err)
+		}
 	}
 }
 

@@ -48,9 +48,22 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (choose another with --addr or LAPD_ADDR)", c.Addr, err)
 	}
+	var aln net.Listener
+	if c.AdminAddr != "" {
+		if aln, err = net.Listen("tcp", c.AdminAddr); err != nil {
+			ln.Close()
+			return fmt.Errorf("admin: listen on %s: %w (choose another with --admin-addr or LAPD_ADMIN_ADDR)", c.AdminAddr, err)
+		}
+	}
+	closeListeners := func() {
+		ln.Close()
+		if aln != nil {
+			aln.Close()
+		}
+	}
 	l, err := lapd.New(ctx, lcfg)
 	if err != nil {
-		ln.Close()
+		closeListeners()
 		return err
 	}
 	hs := &http.Server{
@@ -70,12 +83,35 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	if !lcfg.AllowAnonymous && lcfg.Identity == nil {
 		log.Warn("anonymous mint is off and no identity is configured: nobody can mint a token", "fix", "--allow-anonymous true, or --identity-cookie / --jwt-cookie / --jwt-header")
 	}
-	printBanner(stderr, c, lcfg, urls)
-	errc := make(chan error, 1)
+	var ahs *http.Server
+	adminURL := ""
+	if aln != nil {
+		adminURL = "http://" + aln.Addr().String()
+		ahs = &http.Server{
+			Handler:           l.AdminHandler(),
+			ReadHeaderTimeout: 10 * time.Second,
+			IdleTimeout:       2 * time.Minute,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
+		access := "loopback clients only"
+		if c.AdminToken != "" {
+			access = "admin token required"
+		}
+		log.Info("admin listening on "+adminURL, "console", adminURL+"/admin/", "metrics", adminURL+"/metrics", "access", access)
+	}
+	printBanner(stderr, c, lcfg, urls, adminURL)
+	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
+	if ahs != nil {
+		go func() { errc <- fmt.Errorf("admin: %w", ahs.Serve(aln)) }()
+	}
 	select {
 	case err := <-errc:
 		l.Shutdown(context.Background())
+		hs.Close()
+		if ahs != nil {
+			ahs.Close()
+		}
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
@@ -90,6 +126,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	errHTTP := hs.Shutdown(sctx)
 	if errors.Is(errHTTP, context.DeadlineExceeded) {
 		hs.Close()
+	}
+	if ahs != nil { // last: /readyz said "draining" until here
+		if err := ahs.Shutdown(sctx); err != nil {
+			ahs.Close()
+		}
 	}
 	if err := errors.Join(errLapd, errHTTP); err != nil {
 		log.Warn("shutdown finished with errors", "err", err)
@@ -136,7 +177,7 @@ func interfaceAddrs() ([]net.Addr, error) { return net.InterfaceAddrs() }
 
 // printBanner tells the human where lapd is and what will not work as they
 // might expect (anonymous mint off beyond loopback).
-func printBanner(w io.Writer, c serveConfig, lcfg lapd.Config, urls []string) {
+func printBanner(w io.Writer, c serveConfig, lcfg lapd.Config, urls []string, adminURL string) {
 	base := urls[0]
 	if c.PublicURL != "" {
 		base = strings.TrimRight(c.PublicURL, "/")
@@ -153,6 +194,9 @@ func printBanner(w io.Writer, c serveConfig, lcfg lapd.Config, urls []string) {
 		fmt.Fprintf(w, "  MCP endpoint:  %s/agent/mcp\n", base)
 	}
 	fmt.Fprintf(w, "  LAP base:      %s/agent/lap/v1\n", base)
+	if adminURL != "" {
+		fmt.Fprintf(w, "  Admin console: %s/admin/   (metrics: %s/metrics; not on the public address)\n", adminURL, adminURL)
+	}
 	if !lcfg.AllowAnonymous && lcfg.Identity == nil {
 		why := "--allow-anonymous is false"
 		switch {
@@ -199,6 +243,7 @@ func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config,
 		MaxKeptBytes:  int64(c.MaxKeptMiB) << 20,
 		DisableMCP:    !c.MCP,
 		MCPTools:      mcpTools(c.Tools),
+		Admin:         lapd.AdminConfig{Enabled: c.AdminAddr != "", Token: c.AdminToken},
 		Demo:          c.Demo,
 		Version:       lapdVersion(),
 	}

@@ -39,6 +39,8 @@ type serveConfig struct {
 	Tools           string
 	ShutdownTimeout time.Duration
 	Pprof           string
+	AdminAddr       string // "" = no admin listener
+	AdminToken      string
 	MaxKeptMiB      int
 
 	IdentityCookie    string
@@ -81,6 +83,8 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.String(&c.Tools, "tools", "core", "MCP tools listed at /agent/mcp: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
 	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.String(&c.Pprof, "pprof", "", "serve Go's profiler (net/http/pprof) on this separate address, e.g. 127.0.0.1:6060; off by default, never expose it")
+	fs.String(&c.AdminAddr, "admin-addr", "", "serve the admin console (/admin/), /metrics, pprof and health on this separate address, e.g. 127.0.0.1:9090 (a bare :9090 means loopback); off when empty")
+	fs.String(&c.AdminToken, "admin-token", "", "token required by the admin listener (at least 16 characters; prefer the env variable to the flag, which other users can see in ps); without it only loopback clients are served")
 	fs.Int(&c.MaxKeptMiB, "max-kept-mib", 512, "ceiling in MiB of session data kept in memory (log rings, hellos, kept outcomes, idempotent results, compiled policies); over it lapd sheds the heaviest sessions' oldest data and logs it")
 	fs.String(&c.IdentityCookie, "identity-cookie", "", "name of a signed cookie <uid>.<base64url(HMAC-SHA256(key, uid))> that names the user for mint")
 	fs.String(&c.IdentityCookieKey, "identity-cookie-key", "", "HMAC key for --identity-cookie (at least 32 characters)")
@@ -118,6 +122,9 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	}
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return c, usageError{fmt.Sprintf("--addr %q: want host:port, such as 127.0.0.1:8787 or 0.0.0.0:8787", c.Addr)}
+	}
+	if err := checkAdmin(&c); err != nil {
+		return c, err
 	}
 	origins, err := parseOrigins(c.Origins)
 	if err != nil {
@@ -241,4 +248,49 @@ func isLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// checkAdmin validates --admin-addr and --admin-token: an address with no
+// host (":9090") or a bare port listens on loopback; a non-loopback address
+// needs a token; the admin address is never the public one.
+func checkAdmin(c *serveConfig) error {
+	if c.AdminToken != "" && len(c.AdminToken) < 16 {
+		return usageError{"--admin-token must be at least 16 characters (e.g. openssl rand -hex 24)"}
+	}
+	if c.AdminAddr == "" {
+		if c.AdminToken != "" {
+			return usageError{"--admin-token needs --admin-addr (the admin console listens on its own address)"}
+		}
+		return nil
+	}
+	if _, err := strconv.Atoi(c.AdminAddr); err == nil {
+		c.AdminAddr = ":" + c.AdminAddr
+	}
+	host, port, err := net.SplitHostPort(c.AdminAddr)
+	if err != nil {
+		return usageError{fmt.Sprintf("--admin-addr %q: want host:port, such as 127.0.0.1:9090", c.AdminAddr)}
+	}
+	if host == "" {
+		host = "127.0.0.1"
+		c.AdminAddr = net.JoinHostPort(host, port)
+	}
+	if !isLoopback(c.AdminAddr) && c.AdminToken == "" {
+		return usageError{fmt.Sprintf("--admin-addr %s listens beyond loopback: set --admin-token (or LAPD_ADMIN_TOKEN) too, or listen on 127.0.0.1", c.AdminAddr)}
+	}
+	if sameListen(c.AdminAddr, c.Addr) {
+		return usageError{fmt.Sprintf("--admin-addr %s is the public --addr: the admin console needs an address of its own", c.AdminAddr)}
+	}
+	return nil
+}
+
+// sameListen reports whether two listen addresses would collide (same port
+// on overlapping hosts). Port 0 never collides.
+func sameListen(a, b string) bool {
+	ha, pa, err1 := net.SplitHostPort(a)
+	hb, pb, err2 := net.SplitHostPort(b)
+	if err1 != nil || err2 != nil || pa != pb || pa == "0" {
+		return false
+	}
+	wild := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return ha == hb || wild(ha) || wild(hb)
 }
