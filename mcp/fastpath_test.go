@@ -6,10 +6,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	gotoken "go/token"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net/http"
+	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -558,5 +564,152 @@ func TestFastPathTemplates(t *testing.T) {
 	mod := f.modern.appendSpliced(nil, []byte(`"i"`), sc)
 	if !bytes.Contains(mod, []byte(`"resultType":"complete"`)) || !bytes.Contains(mod, []byte(`"io.modelcontextprotocol/serverInfo":{"name":"lapd"`)) {
 		t.Fatalf("modern template: %s", mod)
+	}
+}
+
+// FuzzParseToolCall: whatever envelope the fast path takes, mcp-go decodes
+// the same way (the JSON is valid; jsonrpc, method and id as HandleMessage
+// reads them; the params as its CallToolRequest and its era detection read
+// them; the id encoded back as its responses encode it).
+func FuzzParseToolCall(f *testing.F) {
+	for _, s := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"observe","arguments":{"session":"s_x"}}}`,
+		`{"jsonrpc":"2.0","id":"a\u00e9","method":"tools/call","params":{"name":"observe","_meta":{"progressToken":null,"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}`,
+		`{ "params" : {"Name":"observe","NAME":"x","arguments":[1]} , "method":"tools/call","id":-0,"jsonrpc":"2.0"}`,
+		`{"jsonrpc":"2.0","id":1e20,"method":"tools/call","params":{"name":"observe","arguments":null,"task":null}}`,
+		`{"jsonrpc":"2.0","id":9007199254740993,"method":"tools/call","params":{"name":"observe"}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"observe"}} x`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"observe"]}`,
+		`{"jsonrpc":"2.0","id":1,"\u006dethod":"tools/call","params":{"name":"observe","_meta":{"a":1},"_META":{"b":2}}}`,
+		`{"jsonrpc":"2.0","id":"\ud800","method":"tools/call","params":{"name":"obs\u0000erve"}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var c fastCall
+		params, ok := parseToolCall(body, &c)
+		if !ok {
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("took invalid JSON %q", body)
+		}
+		// handlePost's first look and HandleMessage's base message
+		var first struct {
+			ID     json.RawMessage `json:"id"`
+			Result json.RawMessage `json:"result,omitempty"`
+			Error  json.RawMessage `json:"error,omitempty"`
+			Method mcpgo.MCPMethod `json:"method,omitempty"`
+		}
+		var base struct {
+			JSONRPC string          `json:"jsonrpc"`
+			Method  mcpgo.MCPMethod `json:"method"`
+			ID      any             `json:"id,omitempty"`
+			Result  any             `json:"result,omitempty"`
+		}
+		if err := json.Unmarshal(body, &first); err != nil || first.Result != nil || first.Error != nil || first.Method != mcpgo.MethodToolsCall {
+			t.Fatalf("mcp-go's first look at %q: %v %+v", body, err, first)
+		}
+		if err := json.Unmarshal(body, &base); err != nil || base.JSONRPC != "2.0" || base.Method != mcpgo.MethodToolsCall || base.Result != nil {
+			t.Fatalf("mcp-go's base message of %q: %v %+v", body, err, base)
+		}
+		if !reflect.DeepEqual(base.ID, c.id) {
+			t.Fatalf("id of %q: mcp-go %#v, fast path %#v", body, base.ID, c.id)
+		}
+		idJSON, _ := json.Marshal(mcpgo.NewRequestId(base.ID))
+		if !bytes.Equal(idJSON, c.idJSON) {
+			t.Fatalf("id of %q encoded: mcp-go %s, fast path %s", body, idJSON, c.idJSON)
+		}
+		// the request mcp-go hands the tool, and the _meta its era detection reads
+		var req mcpgo.CallToolRequest
+		if err := json.Unmarshal(body, &req); err != nil {
+			t.Fatalf("mcp-go's request of %q: %v", body, err)
+		}
+		if !reflect.DeepEqual(req.Params, c.req.Params) {
+			t.Fatalf("params of %q: mcp-go %#v, fast path %#v", body, req.Params, c.req.Params)
+		}
+		var wrapper struct {
+			Params struct {
+				Meta *mcpgo.Meta `json:"_meta"`
+			} `json:"params"`
+		}
+		var w2 struct {
+			Params json.RawMessage `json:"params"`
+		}
+		if json.Unmarshal(body, &wrapper) != nil || !reflect.DeepEqual(wrapper.Params.Meta, c.req.Params.Meta) {
+			t.Fatalf("_meta of %q: mcp-go %#v, fast path %#v", body, wrapper.Params.Meta, c.req.Params.Meta)
+		}
+		if json.Unmarshal(body, &w2) != nil || !bytes.Equal(w2.Params, params) {
+			t.Fatalf("params bytes of %q (the standard-header check reads them): mcp-go %s, fast path %s", body, w2.Params, params)
+		}
+	})
+}
+
+// The fast path mirrors what lapd's mcp-go server and transport do for a
+// tools/call (fastpath.go, "Hooks and middlewares the fast path does not
+// run"). This test fails when the package starts using a part of mcp-go the
+// fast path does not mirror — an option (a middleware, hooks, an idle TTL,
+// an event store, schema validation…) or a call that sends a notification
+// or changes the tool list at run time — so that whoever adds it teaches
+// the fast path (or its fallback) first, then extends the list here.
+func TestFastPathMirrorsMCPGoUse(t *testing.T) {
+	t.Parallel()
+	mirrored := map[string]bool{
+		// types, context helpers and constants the fast path reads the same way
+		"ClientSession": true, "ClientSessionFromContext": true, "FilterSupportedVersions": true,
+		"HeaderKeySessionID": true, "Hooks": true, "IsModernRequest": true, "MCPServer": true,
+		"RequestProtocolInfo": true, "ServerFromContext": true, "ServerOption": true, "ServerTool": true,
+		"SessionIdManager": true, "StreamableHTTPServer": true, "ToolHandlerFunc": true,
+		"WithRequestProtocolInfo": true, "WithSupportedProtocolVersions": true,
+		// constructors and options, each mirrored or without effect on a tools/call
+		"NewMCPServer": true, "NewStdioServer": true, "NewStreamableHTTPServer": true,
+		"WithDisableLocalhostProtection": true, // ServeHTTP's hostguard runs first either way
+		"WithHooks":                      true, // only the fast path's own session hooks (NewHTTPHandler)
+		"WithInstructions":               true, "WithTitle": true, "WithPromptCapabilities": true, "WithToolCapabilities": true,
+		"WithLogger":                   true, // the mcp.request and mcp.tool lines: logRequest, call
+		"WithRecovery":                 true, // call's recover
+		"WithSessionIdManagerResolver": true, // accept validates with the same table
+		"WithStateful":                 true, // legacy sessions: accept's session checks
+		"WithStreamableHTTPLogger":     true, // tlog
+		"WithToolFilter":               true, // lapd's filter only orders the list; a call passes it
+	}
+	// Calls that send notifications or change tools at run time, and where
+	// they are allowed.
+	runtime := map[string]string{
+		"SendNotificationToClient": "progress.go", // tells the fast path first (onNotify)
+		"AddTools":                 "executor.go", // Register, before any session
+		"AddPrompt":                "executor.go", // Register, before any session
+		"AddTool":                  "fastpath.go", // the probe's own server
+	}
+	watched := []string{"SendNotificationToClient", "SendNotificationToAllClients", "SendNotificationToSpecificClient",
+		"SendLogMessageToClient", "SendLogMessageToSpecificClient", "AddTool", "AddTools", "DeleteTools", "SetTools",
+		"AddSessionTool", "AddSessionTools", "DeleteSessionTools", "AddResource", "AddResources", "AddResourceTemplate",
+		"DeleteResources", "AddPrompt", "AddPrompts", "DeletePrompts", "RequestSampling", "RequestElicitation",
+		"RequestRoots", "UseMiddleware", "AddTaskTool"}
+	fset := gotoken.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pkg := range pkgs {
+		for name, file := range pkg.Files {
+			base := filepath.Base(name)
+			ast.Inspect(file, func(n ast.Node) bool {
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				if id, ok := sel.X.(*ast.Ident); ok && id.Name == "mcpserver" {
+					if !mirrored[sel.Sel.Name] {
+						t.Errorf("%s: mcpserver.%s: not mirrored by the fast path (fastpath.go)", fset.Position(sel.Pos()), sel.Sel.Name)
+					}
+					return true
+				}
+				if slices.Contains(watched, sel.Sel.Name) && runtime[sel.Sel.Name] != base {
+					t.Errorf("%s: %s: a notification or a tool-list change the fast path does not know of (fastpath.go)", fset.Position(sel.Pos()), sel.Sel.Name)
+				}
+				return true
+			})
+		}
 	}
 }
