@@ -56,25 +56,46 @@ import (
 // first either way; session creation is never taken here; LAP's own gates,
 // rate limits and audit run inside the tool call as always.
 //
-// The fast path calls the tool handler mcp-go has (Executor.toolHandler)
-// with the context mcp-go would give it (the session, the request's
-// protocol information, the supported versions), behind the same two
-// middlewares (panic recovery, the mcp.tool log line), registers the call
-// for notifications/cancelled under mcp-go's key, and writes the response:
-// a result whose structuredContent the executor holds as bytes goes into a
-// template of mcp-go's own encoding of that response (captured at start-up
-// by running a probe tool through a second, identically configured mcp-go
-// server), any other result and a recovered panic are encoded with mcp-go's
-// types as mcp-go encodes them. TestFastPathMatchesMCPGo checks, request by
-// request, that both ways answer the same bytes. If the probe finds an
-// encoding it does not expect (a future mcp-go), the fast path stays off.
-// HTTPConfig.DisableFastPath (lapd serve --mcp-fast-path=false) turns it
-// off.
+// The fast path calls the tool handler mcp-go has (Executor.toolHandler:
+// request ids, metrics, the per-binding memory of shown actions, LAP's
+// audit, all as on mcp-go's path) with the context mcp-go would give it
+// (the session, the request's protocol information, the supported
+// versions), behind the same two middlewares (panic recovery outside, the
+// mcp.tool log line inside), registers the call for notifications/cancelled
+// under mcp-go's key, logs mcp-go's mcp.request line, and writes the
+// response as mcp-go writes it (Content-Type, status 200, the body in one
+// Write, so net/http frames both alike). A result whose structuredContent
+// the executor holds as bytes goes into a template of mcp-go's own encoding
+// of that response (captured at start-up by running a probe tool through a
+// second, identically configured mcp-go server); any other result and a
+// recovered panic are encoded with mcp-go's types as mcp-go encodes them.
+// If the probe finds an encoding it does not expect (a future mcp-go), the
+// fast path stays off. HTTPConfig.DisableFastPath (lapd serve
+// --mcp-fast-path=false) turns it off.
+//
+// How it is checked: TestFastPathMatchesMCPGo* send the same requests to an
+// endpoint with the fast path and one without and compare the status, every
+// header, the framing and the body byte for byte, then the LAP calls made
+// (with their request ids), the metrics instruments' records, the log lines
+// and the audit entries; FuzzParseToolCall checks the envelope parser
+// against mcp-go's own decoding; TestFastPathMirrorsMCPGoUse fails when this
+// package starts using a part of mcp-go the fast path does not mirror.
 //
 // Hooks and middlewares the fast path does not run: lapd installs none on
 // its mcp-go server besides the recovery and logging middlewares (mirrored
 // here) and the session register/unregister hooks the fast path itself
-// uses. Adding one to NewServer needs the same here.
+// uses, and configures no session idle TTL, event store, HTTP context
+// function, CORS, schema validation or tracing. Adding one to NewServer or
+// NewHTTPHandler needs the same here (the test above names it).
+//
+// The one difference a client could see is a race mcp-go itself has: while
+// a legacy session's call with a progress token is sending progress, a
+// concurrent call on the same session that the fast path had already taken
+// answers in JSON and never carries that call's notifications, where
+// mcp-go's own path might have delivered some of them on the concurrent
+// call's response (as SSE) instead of the call they belong to. Every call
+// the fast path takes after the first notification of a session goes to
+// mcp-go, as mcp-go answers such a session in SSE from then on.
 
 // fastPath answers tools/call requests of /agent/mcp without mcp-go's
 // per-request machinery (see above).
@@ -91,6 +112,7 @@ type fastPath struct {
 	inflight sync.Map // mcp-go's in-flight key "<session id>:<request id>" → context.CancelFunc
 
 	legacy, modern responseTemplate
+	versions       []string             // the protocol versions the transport serves
 	serverInfo     mcpgo.Implementation // what mcp-go stamps on modern results
 
 	served atomic.Int64 // requests answered here (tests)
@@ -127,6 +149,7 @@ func fastResultFrom(ctx context.Context) *fastResult {
 // fast path stays off. cfg is the executor's configuration.
 func (f *fastPath) init(cfg Config, e *Executor, srv *mcpserver.MCPServer, transport *mcpserver.StreamableHTTPServer, table *sessionTable) error {
 	f.srv, f.http, f.table, f.log, f.tlog = srv, transport, table, mcpgoLogger(e.log), e.log
+	f.versions = mcpserver.FilterSupportedVersions(transport)
 	f.tools = map[string]fastTool{}
 	for _, d := range e.defs {
 		t := d.mcpTool()
@@ -449,7 +472,7 @@ func (f *fastPath) run(w http.ResponseWriter, r *http.Request, c fastCall) {
 	if c.sess != nil {
 		ctx = f.srv.WithContext(ctx, c.sess)
 	}
-	ctx = mcpserver.WithSupportedProtocolVersions(ctx, mcpserver.FilterSupportedVersions(f.http))
+	ctx = mcpserver.WithSupportedProtocolVersions(ctx, f.versions)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// notifications/cancelled finds the call under mcp-go's key.

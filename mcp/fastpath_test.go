@@ -209,19 +209,24 @@ const modernMeta = `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-
 // initLegacy opens a legacy session on both sides.
 func (p *diffPair) initLegacy() {
 	p.t.Helper()
-	for _, s := range []*diffSide{p.fast, p.slow} {
-		req, _ := http.NewRequest(http.MethodPost, s.hh.srv.URL, strings.NewReader(initBody))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("MCP-Protocol-Version", mcpgo.ProtocolVersion20251125)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			p.t.Fatal(err)
-		}
-		resp.Body.Close()
-		s.sid = resp.Header.Get("Mcp-Session-Id")
-		if r := s.post(p.t, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, legacyHdr()); r.status != http.StatusAccepted {
-			p.t.Fatalf("initialized: %d", r.status)
-		}
+	p.fast.initLegacy(p.t)
+	p.slow.initLegacy(p.t)
+}
+
+// initLegacy opens a legacy session.
+func (s *diffSide) initLegacy(t *testing.T) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, s.hh.srv.URL, strings.NewReader(initBody))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("MCP-Protocol-Version", mcpgo.ProtocolVersion20251125)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	s.sid = resp.Header.Get("Mcp-Session-Id")
+	if r := s.post(t, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, legacyHdr()); r.status != http.StatusAccepted {
+		t.Fatalf("initialized: %d", r.status)
 	}
 }
 
@@ -711,5 +716,45 @@ func TestFastPathMirrorsMCPGoUse(t *testing.T) {
 				return true
 			})
 		}
+	}
+}
+
+// Concurrent calls through the fast path, legacy and modern, on one
+// binding: every one answered (the race detector watches the shared state:
+// the in-flight map, the session view, the binding's memory).
+func TestFastPathConcurrent(t *testing.T) {
+	t.Parallel()
+	s := &diffSide{hh: newHTTPHarness(t, nil)}
+	scriptLAP(s.hh.lap)
+	s.initLegacy(t)
+	r := s.post(t, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"connect_session","arguments":{"token":"`+tokA+`"}}}`, legacyHdr())
+	if !bytes.Contains(r.body, []byte(`s_`)) {
+		t.Fatalf("connect_session: %s", r.body)
+	}
+	s.handle = string(regexp.MustCompile(`s_[a-z2-7]{16}`).Find(r.body))
+	n0 := s.hh.h.fast.served.Load()
+	var wg sync.WaitGroup
+	const workers, calls = 6, 15
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range calls {
+				id := fmt.Sprintf(`"w%d-%d"`, w, i)
+				var r diffReply
+				if w%2 == 0 {
+					r = s.post(t, `{"jsonrpc":"2.0","id":`+id+`,"method":"tools/call","params":{"name":"observe","arguments":{}}}`, legacyHdr())
+				} else {
+					r = s.post(t, `{"jsonrpc":"2.0","id":`+id+`,"method":"tools/call","params":{"name":"observe","arguments":{"session":"{{H}}"},`+modernMeta+`}}`, modernHdr("observe"))
+				}
+				if r.status != http.StatusOK || !bytes.Contains(r.body, []byte(`"id":`+id+`,"result":`)) || bytes.Contains(r.body, []byte(`"isError":true`)) {
+					t.Errorf("%s: %d %s", id, r.status, r.body)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := s.hh.h.fast.served.Load() - n0; n != workers*calls {
+		t.Errorf("the fast path took %d of %d calls", n, workers*calls)
 	}
 }
