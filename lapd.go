@@ -85,6 +85,10 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if s.prefix, err = cleanPrefix(cfg.Prefix); err != nil {
 		return nil, err
 	}
+	if cfg.Origins, err = cleanOrigins(cfg.Origins); err != nil {
+		return nil, err
+	}
+	s.cfg.Origins = cfg.Origins
 	if cfg.Demo && s.prefix != lap.DefaultPrefix {
 		return nil, fmt.Errorf("lapd: the demo app loads %s/client.js, so Demo needs the default Prefix (got %q)", lap.DefaultPrefix, cfg.Prefix)
 	}

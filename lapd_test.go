@@ -88,7 +88,8 @@ func mint(t *testing.T, base string) (string, string) {
 
 func TestHealthzAndRefusals(t *testing.T) {
 	t.Parallel()
-	a, srv, _ := start(t, lapd.Config{AllowAnonymous: true, Origins: []string{"https://ok.example"}})
+	// An origin as a person types it is compared as a browser sends it.
+	a, srv, _ := start(t, lapd.Config{AllowAnonymous: true, Origins: []string{" HTTPS://OK.example:443/"}})
 	res, err := http.Get(srv.URL + "/healthz")
 	if err != nil {
 		t.Fatal(err)
@@ -289,6 +290,9 @@ func TestConfigRefused(t *testing.T) {
 		"unknown store":         {Store: "redis"},
 		"sqlite needs data dir": {Store: "sqlite"},
 		"audit sqlite, memory":  {AuditSQLite: true},
+		"wildcard origin":       {Origins: []string{"*"}},
+		"origin with a path":    {Origins: []string{"https://a.example/app"}},
+		"origin, no scheme":     {Origins: []string{"a.example"}},
 	} {
 		if s, err := lapd.New(ctxT(t), cfg); err == nil {
 			s.Shutdown(ctxT(t))

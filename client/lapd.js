@@ -1965,6 +1965,10 @@ function createPanel(agent, doc, win, uiOpts, view) {
 
     panel.classList.toggle('narrow', narrow)
     panel.classList.toggle('collapsed', collapsed)
+    // For the host page's CSS: [data-lapd-panel][data-layout=wide][data-state=open]
+    // is a 340px card at the bottom right, which a page can make room for.
+    if (host.getAttribute('data-layout') !== (narrow ? 'narrow' : 'wide')) host.setAttribute('data-layout', narrow ? 'narrow' : 'wide')
+    if (host.getAttribute('data-state') !== (collapsed ? 'collapsed' : 'open')) host.setAttribute('data-state', collapsed ? 'collapsed' : 'open')
     body.hidden = collapsed
     toggle.setAttribute('aria-expanded', String(!collapsed))
     dot.style.background = DOT[s] || '#6e7781'

@@ -81,6 +81,10 @@ var ErrUnknown = errors.New("confirm: unknown confirmId")
 // MaxPendingPerTID approvals pending.
 var ErrTooManyPending = errors.New("confirm: too many pending approvals for this session")
 
+// ReasonTooManyPending is the rejection reason kept for a proposal Propose
+// refused with ErrTooManyPending (see Propose).
+const ReasonTooManyPending = "too-many-pending"
+
 // ErrClosed is returned by calls on a closed Manager, and by Wait calls that
 // were blocked when it closed.
 var ErrClosed = errors.New("confirm: manager closed")
@@ -145,7 +149,7 @@ type Pending struct {
 // Resolution is how an approval ended.
 type Resolution struct {
 	Status     string          `json:"status"`           // confirmed | rejected
-	Reason     string          `json:"reason,omitempty"` // user-cancelled | timeout (rejected only)
+	Reason     string          `json:"reason,omitempty"` // user-cancelled | timeout | too-many-pending (rejected only)
 	StateAfter json.RawMessage `json:"stateAfter,omitempty"`
 	Variant    string          `json:"-"`
 	ResolvedAt int64           `json:"-"`
@@ -358,6 +362,18 @@ func (m *Manager) forget(tid string) {
 	}
 }
 
+// refuseLocked keeps a refused proposal's answer, rejected with reason
+// "too-many-pending", for the Keep window: the tab was told to take the
+// approval back, so a retried /message (same idempotency key, so the same
+// confirmId from the tab's memory) must read that answer, not record an
+// approval nobody can see and wait for it until expiry. In memory only:
+// after a restart a retry is refused or recorded afresh. Caller holds mu.
+func (m *Manager) refuseLocked(ts *tidState, p Pending) {
+	now := m.now()
+	e := &entry{key: key{p.TID, p.ConfirmID}, p: p, done: make(chan struct{})}
+	m.keepLocked(ts, e, Resolution{Status: "rejected", Reason: ReasonTooManyPending, Variant: p.Variant, ResolvedAt: now.UnixMilli()}, now.Add(m.cfg.Keep))
+}
+
 // addPending indexes p and arms its expiry timer. Caller holds mu.
 func (m *Manager) addPending(ts *tidState, p Pending) *entry {
 	e := &entry{key: key{p.TID, p.ConfirmID}, p: p, pending: true, done: make(chan struct{})}
@@ -397,8 +413,10 @@ func keptSize(id string, r Resolution) int {
 // Proposing an approval that is already pending with the same variant and
 // payload does nothing (a retried /message whose tab answered with the same
 // confirmId). It returns ErrDuplicate if the id is pending for another
-// variant or payload, ErrTooManyPending past
-// MaxPendingPerTID, and the Store's error if persisting fails.
+// variant or payload, ErrTooManyPending past MaxPendingPerTID or the
+// pending byte budgets (and then keeps the id answered rejected with reason
+// too-many-pending, so proposing it again returns nil and Wait that answer),
+// and the Store's error if persisting fails.
 func (m *Manager) Propose(ctx context.Context, p Pending) error {
 	if !validID(p.TID) || !validID(p.ConfirmID) {
 		return fmt.Errorf("confirm: tid and confirmId must be 1..%d bytes", MaxIDLen)
@@ -430,11 +448,11 @@ func (m *Manager) Propose(ctx context.Context, p Pending) error {
 		return nil
 	}
 	if len(ts.pending) >= MaxPendingPerTID {
-		m.forget(p.TID)
+		m.refuseLocked(ts, p)
 		return fmt.Errorf("%w (limit %d)", ErrTooManyPending, MaxPendingPerTID)
 	}
 	if n := pendingSize(p); ts.pendingBytes+n > m.cfg.PendingBytesPerTID || m.pendingBytes+n > m.cfg.PendingBytes {
-		m.forget(p.TID)
+		m.refuseLocked(ts, p)
 		return fmt.Errorf("%w (their payloads are over the byte budget)", ErrTooManyPending)
 	}
 	if m.cfg.Store != nil {

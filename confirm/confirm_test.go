@@ -368,9 +368,21 @@ func TestBounds(t *testing.T) {
 		if err := m.Propose(t.Context(), prop("other", "x")); err != nil {
 			t.Fatalf("another tid is limited too: %v", err)
 		}
-		m.Resolve(t.Context(), "t", "0", confirmed)
+		// The refused id reads as rejected/too-many-pending (the tab took
+		// it back): a retried /message proposing it again must not record
+		// an approval nobody sees, nor wait for it.
 		if err := m.Propose(t.Context(), prop("t", "one-more")); err != nil {
+			t.Fatalf("Propose of the refused id again: %v, want nil (its answer is kept)", err)
+		}
+		if r, err := m.Wait(t.Context(), "t", "one-more"); err != nil || r.Status != StatusRejected || r.Reason != ReasonTooManyPending {
+			t.Fatalf("Wait on the refused id: %+v %v, want rejected/too-many-pending", r, err)
+		}
+		m.Resolve(t.Context(), "t", "0", confirmed)
+		if err := m.Propose(t.Context(), prop("t", "two-more")); err != nil {
 			t.Fatalf("Propose after one resolved: %v", err)
+		}
+		if got := len(m.PendingFor("t")); got != MaxPendingPerTID {
+			t.Fatalf("%d pending after one resolved and one more proposed, want %d", got, MaxPendingPerTID)
 		}
 	})
 	resolve := func(m *Manager, tid, id string, r Resolution) {

@@ -45,9 +45,9 @@ func FuzzConfirmFrames(f *testing.F) {
 			switch op {
 			case 0, 1:
 				p := Pending{TID: tid, ConfirmID: id, Variant: "v", Payload: blob}
-				if err := m.Propose(ctx, p); err == nil {
-					proposed[key{tid, id}] = true
-				} else if !errors.Is(err, ErrTooManyPending) && !errors.Is(err, ErrDuplicate) {
+				if err := m.Propose(ctx, p); err == nil || errors.Is(err, ErrTooManyPending) {
+					proposed[key{tid, id}] = true // a refused one is kept as rejected/too-many-pending
+				} else if !errors.Is(err, ErrDuplicate) {
 					t.Fatalf("Propose: %v", err)
 				}
 			case 2, 3:

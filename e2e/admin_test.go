@@ -214,14 +214,28 @@ func TestAdminConsole(t *testing.T) {
 	if st, _ := httpGet(t, admin+"/metrics", ""); st != 401 {
 		t.Errorf("/metrics without the token: %d", st)
 	}
-	st, body := httpGet(t, admin+"/metrics", token)
-	if st != 200 {
-		t.Fatalf("/metrics: %d", st)
+	// The counters fed by the audit stream follow its asynchronous writer
+	// (a batch lingers up to 25 ms): scrape until they caught up.
+	wants := []string{`lapd_requests_total{api="lap",code="200",route="/observe"}`, `lapd_refusals_total{reason="bad-token",surface="admin"} 2`,
+		`lapd_admin_actions_total{action="revoke"} 1`, `lapd_audit_events_total{event="revoke"} 1`}
+	var body string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var st int
+		st, body = httpGet(t, admin+"/metrics", token)
+		if st != 200 {
+			t.Fatalf("/metrics: %d", st)
+		}
+		missing := false
+		for _, want := range wants {
+			missing = missing || !strings.Contains(body, want)
+		}
+		if !missing || time.Now().After(deadline) {
+			break
+		}
 	}
-	for _, want := range []string{`lapd_requests_total{api="lap",code="200",route="/observe"}`, `lapd_refusals_total{reason="bad-token",surface="admin"} 2`,
-		`lapd_admin_actions_total{action="revoke"} 1`, `lapd_audit_events_total{event="revoke"} 1`} {
+	for _, want := range wants {
 		if !strings.Contains(body, want) {
-			t.Errorf("/metrics lacks %s", want)
+			t.Errorf("/metrics lacks %s; it has:\n%s", want, grepLines(body, strings.SplitN(want, "{", 2)[0]))
 		}
 	}
 	if strings.Contains(body, tid) {
@@ -294,4 +308,15 @@ func (b *browserTab) steps(actions ...chromedp.Action[chromedp.Void]) {
 	for _, a := range actions {
 		browserRun(b.t, b.ctx, 10*time.Second, a)
 	}
+}
+
+// grepLines returns the lines of s that begin with prefix.
+func grepLines(s, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

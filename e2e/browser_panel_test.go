@@ -17,7 +17,7 @@ import (
 // model side through mcp-go over /agent/mcp.
 //
 //	go test ./e2e -run 'TestBrowser(Keyboard|Phone)' -v
-//	LAPD_SCREENSHOTS=1 go test ./e2e -run 'TestBrowser(Chain/http|Phone)'   # rewrite docs/screenshots
+//	LAPD_SCREENSHOTS=1 go test ./e2e -run 'TestBrowserChain/^http$' && LAPD_SCREENSHOTS=1 go test ./e2e -run TestBrowserPhone   # rewrite docs/screenshots
 
 // panelJS evaluates to the element with data-testid id in the panel.
 func panelJS(id string) string { return browserTestID(id) }
@@ -113,6 +113,12 @@ func TestBrowserKeyboard(t *testing.T) {
 	browserOK(t, mc, "narrate", args("text", "I will add your shopping first."))
 	browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "addTask", "title": "Buy milk"}))
 	tab.waitJS(`(`+panelJS("feed")+`).innerText.includes('Add "Buy milk" to todo')`, 10*time.Second)
+	// On a 1280 px desktop the open panel leaves the board's columns alone,
+	// however tall they grow: the demo makes room with the panel host's
+	// data-layout/data-state.
+	if p, b := tab.rect(panelJS("panel")), tab.rect(`document.getElementById('board')`); p.Left < b.Right {
+		t.Errorf("the open panel %+v covers the board %+v", p, b)
+	}
 	feed := tab.feedText()
 	for _, want := range []string{"Done: Add \"Buy milk\" to todo", "AI: I will add your shopping first.", "Looked at the app", "just now"} {
 		if !strings.Contains(feed, want) {

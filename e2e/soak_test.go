@@ -233,7 +233,8 @@ type simTab struct {
 	srv    *soakServer
 	token  string
 	tid    string
-	big    int // bytes of every send_message result (0 = small)
+	secret string // the tab secret (sessionStorage in lapd.js)
+	big    int    // bytes of every send_message result (0 = small)
 	policy json.RawMessage
 
 	mu         sync.Mutex
@@ -265,7 +266,7 @@ func (tb *simTab) dial(ctx context.Context) error {
 	u := "ws://" + tb.srv.addr + "/agent/ws"
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, resp, err := websocket.Dial(dctx, u, &websocket.DialOptions{Subprotocols: []string{"lapd.v2", "lapd.token." + tb.token}})
+	c, resp, err := websocket.Dial(dctx, u, &websocket.DialOptions{Subprotocols: []string{"lapd.v2", "lapd.token." + tb.token, "lapd.tab." + tb.secret}})
 	if err != nil {
 		if resp != nil && (resp.StatusCode == 401 || resp.StatusCode == 403) {
 			tb.mu.Lock()
@@ -687,14 +688,23 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func mintTab(t *testing.T, srv *soakServer) (token, tid string) {
-	status, _, b, err := post(srv.base()+"/agent/mint", "", map[string]any{})
+// mintTab mints a session; withSecret asks for a tab secret, as lapd.js
+// does: a reload presents it, so the new socket still carries the human's
+// approvals (a socket superseding a live tab without it may not approve).
+func mintTab(t *testing.T, srv *soakServer, withSecret bool) (token, tid, secret string) {
+	status, _, b, err := post(srv.base()+"/agent/mint", "", map[string]any{"tab": withSecret})
 	if err != nil || status != 200 {
 		t.Fatalf("mint: %d %s %v", status, b, err)
 	}
-	var m mintResp
+	var m struct {
+		mintResp
+		TabSecret string `json:"tabSecret"`
+	}
 	_ = json.Unmarshal(b, &m)
-	return m.Token, m.TID
+	if withSecret && m.TabSecret == "" {
+		t.Fatalf("mint with tab:true returned no tabSecret: %s", b)
+	}
+	return m.Token, m.TID, m.TabSecret
 }
 
 func TestSoak(t *testing.T) {
@@ -725,8 +735,9 @@ func TestSoak(t *testing.T) {
 	var agents []*simAgent
 	var wg sync.WaitGroup
 	for i := range nTabs {
-		token, tid := mintTab(t, srv)
+		token, tid, secret := mintTab(t, srv, true)
 		tb := newSimTab(srv, token, tid)
+		tb.secret = secret
 		if i == 0 {
 			tb.big = 3 << 20 // every result 3 MiB: idempotent bodies pile up
 		}
@@ -754,7 +765,7 @@ func TestSoak(t *testing.T) {
 	var hostileWG sync.WaitGroup
 	var junkSent atomic.Int64
 	for kind := range 2 {
-		token, _ := mintTab(t, srv)
+		token, _, _ := mintTab(t, srv, false)
 		hostileWG.Add(1)
 		go func() {
 			defer hostileWG.Done()
@@ -934,6 +945,9 @@ func TestSoak(t *testing.T) {
 	t.Logf("approvals answered by the human and read back: %d (answered while the socket was down: %d, answered again after a confirm-sync: %d), lost: %d, read back after the 5-minute keep window: %d", checked, answeredDown.Load(), resent.Load(), lost, agedOut)
 	t.Logf("dispatches doubled: %d; outcome-unknown answers: %d", doubled, unknown)
 	t.Logf("max RSS of lapd serve: %.0f MiB (--max-kept-mib %d); goroutines: fresh %d, after the soak %d", rssMiB, soakKeptMiB, baseline, final)
+	if junkSent.Load() == 0 {
+		t.Errorf("the hostile tabs sent nothing: the soak did not test what it says")
+	}
 	if calls != ends {
 		t.Errorf("%d calls started, %d ended", calls, ends)
 	}

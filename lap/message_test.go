@@ -3,6 +3,7 @@ package lap_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -485,5 +486,54 @@ func TestConfirmResultTimeoutZero(t *testing.T) {
 		if r.status != 200 || !strings.Contains(string(r.body), `"status":"confirmed"`) {
 			t.Fatalf("/confirm-result: %d %s", r.status, r.body)
 		}
+	}
+}
+
+// An approval lapd refused to record (too many pending in the session) was
+// taken back from the tab; a retry of the same /message (same
+// idempotencyKey, so the tab answers the same confirmId from its memory)
+// reads rejected/too-many-pending at once instead of recording an approval
+// nobody sees and waiting for it until expiry.
+func TestTooManyPendingRetry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *envCfg) { c.conf.PendingBytesPerTID = 600 }) // one 300-byte approval fits, two do not
+	var mu sync.Mutex
+	ids := map[string]string{} // idempotencyKey → confirmId, as lapd.js keeps them
+	token, tid, tab := e.paired(lapdtest.WithHandler("send_message", func(args json.RawMessage) (any, *lapdtest.RPCError) {
+		var a struct {
+			Key string `json:"idempotencyKey"`
+		}
+		_ = json.Unmarshal(args, &a)
+		mu.Lock()
+		defer mu.Unlock()
+		if ids[a.Key] == "" {
+			ids[a.Key] = fmt.Sprintf("c-%d", len(ids))
+		}
+		return map[string]any{"status": "pending-confirmation", "confirmId": ids[a.Key]}, nil
+	}))
+	pad := strings.Repeat("x", 300)
+	if r := e.lapCall(token, "/message", `{"msg":{"type":"clearAll","pad":"`+pad+`"},"idempotencyKey":"k1","timeoutMs":0}`); r.status != 200 || r.json(t)["confirmId"] != "c-0" {
+		t.Fatalf("first approval: %d %s", r.status, r.body)
+	}
+	body := `{"msg":{"type":"clearAll","pad":"` + pad + `"},"idempotencyKey":"k2","timeoutMs":5000}`
+	if r := e.lapCall(token, "/message", body); r.status != 429 {
+		t.Fatalf("second approval: %d %s, want 429", r.status, r.body)
+	}
+	if f, err := tab.WaitFor(ctxT(t), "confirm-expire"); err != nil || !strings.Contains(string(f.Raw), `"c-1"`) {
+		t.Fatalf("the tab was not told to take c-1 back: %s %v", f.Raw, err)
+	}
+	// The human answers c-0, which makes room; then the executor retries.
+	if err := tab.Approve(ctxT(t), "c-0"); err != nil {
+		t.Fatal(err)
+	}
+	for len(e.cm.PendingFor(tid)) > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	r := e.lapCall(token, "/message", body)
+	if r.status != 200 || !strings.Contains(string(r.body), `"status":"rejected"`) || !strings.Contains(string(r.body), `"reason":"too-many-pending"`) {
+		t.Fatalf("retry: %d %s, want rejected/too-many-pending (not an approval nobody sees)", r.status, r.body)
+	}
+	if p := e.cm.PendingFor(tid); len(p) != 0 {
+		t.Errorf("pending %+v, want none", p)
 	}
 }

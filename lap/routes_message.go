@@ -156,7 +156,7 @@ func (c *call) message(b messageBody, variant string, payload json.RawMessage, r
 		case errors.Is(err, confirm.ErrTooManyPending):
 			// The tab shows an approval lapd cannot record: take it back.
 			_ = c.s.cfg.Registry.Push(c.tid, map[string]any{"t": "confirm-expire", "confirmId": out.ConfirmID, "reason": "too-many-pending"})
-			return nil, errf(http.StatusTooManyRequests, CodeRateLimited, "too many approvals are waiting in this session; ask the user to answer them in the app first")
+			return nil, errf(http.StatusTooManyRequests, CodeRateLimited, "too many approvals are waiting in this session; ask the user to answer them in the app first, then send the action again (a retry of this same call answers rejected, reason too-many-pending)")
 		}
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "recording the approval: "+err.Error())
 	}

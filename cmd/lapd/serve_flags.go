@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"io"
 	"net"
-	neturl "net/url"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/lapd-dev/lapd"
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/mcp"
 )
@@ -185,45 +185,16 @@ func parseSize(s string) (int64, bool) {
 	return 0, false
 }
 
-// parseOrigins checks --origins: each entry must be an origin as a browser
-// sends it in the Origin header, scheme://host[:port] with scheme http or
-// https and nothing after the host but an optional "/". It returns them as
-// browsers write them (lower case, default port dropped), which is what the
-// exact-match checks compare against.
+// parseOrigins checks --origins with lapd.CleanOrigin and returns the
+// origins as browsers write them.
 func parseOrigins(list string) ([]string, error) {
 	var out []string
 	for _, o := range splitList(list) {
-		bad := func(why string) error {
-			return usageError{fmt.Sprintf("--origins: %q is not an origin: %s (want scheme://host[:port], such as https://app.example.com or http://localhost:3000)", o, why)}
+		c, err := lapd.CleanOrigin(o)
+		if err != nil {
+			return nil, usageError{"--origins: " + err.Error()}
 		}
-		if o == "*" || strings.Contains(o, "*") {
-			return nil, bad("wildcards are not allowed; list each origin")
-		}
-		if !strings.Contains(o, "://") {
-			return nil, bad("it has no scheme (http:// or https://)")
-		}
-		u, err := neturl.Parse(o)
-		switch {
-		case err != nil:
-			return nil, bad(strings.TrimPrefix(err.Error(), "parse "+strconv.Quote(o)+": "))
-		case u.Scheme != "http" && u.Scheme != "https":
-			return nil, bad("the scheme must be http or https")
-		case u.Host == "":
-			return nil, bad("it has no host")
-		case u.User != nil:
-			return nil, bad("an origin has no user name")
-		case u.Path != "" && u.Path != "/", u.RawQuery != "", u.Fragment != "", u.ForceQuery:
-			return nil, bad("an origin has no path, query or fragment")
-		}
-		host := strings.ToLower(u.Host)
-		if p := u.Port(); (u.Scheme == "http" && p == "80") || (u.Scheme == "https" && p == "443") {
-			host = strings.TrimSuffix(host, ":"+p)
-		} else if p != "" {
-			if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-				return nil, bad("the port must be 1 to 65535")
-			}
-		}
-		out = append(out, u.Scheme+"://"+host)
+		out = append(out, c)
 	}
 	return out, nil
 }
