@@ -450,6 +450,18 @@ func TestMCPTools(t *testing.T) {
 	}
 }
 
+// Config.MCPNoFastPath turns the /agent/mcp fast path off; it is on by
+// default.
+func TestMCPFastPathConfig(t *testing.T) {
+	t.Parallel()
+	for _, off := range []bool{false, true} {
+		s, _, _ := start(t, lapd.Config{MCPNoFastPath: off})
+		if got := s.MCP().FastPath(); got == off {
+			t.Errorf("MCPNoFastPath %v: fast path %v", off, got)
+		}
+	}
+}
+
 // A tab answers every LAP call with two frames (the reply and the
 // log-append). Those answers are not counted in the socket's inbound rates
 // (pairing/frame.go), so with the LAP rate raised the tab's socket is not

@@ -168,6 +168,11 @@ func NewHTTPHandler(cfg HTTPConfig) (*HTTPHandler, error) {
 	return h, nil
 }
 
+// FastPath reports whether plain tools/call requests take the fast path
+// (fastpath.go): false with DisableFastPath, or when its start-up probe
+// found an encoding of mcp-go's it does not expect.
+func (h *HTTPHandler) FastPath() bool { return h.fast != nil }
+
 // Executor returns the executor behind the endpoint.
 func (h *HTTPHandler) Executor() *Executor { return h.exec }
 
