@@ -91,6 +91,11 @@ type Config struct {
 	// default: the six that cover connect → act → approve → narrate) or
 	// mcp.ToolsAll (16).
 	MCPTools mcp.ToolSet
+	// MCPNoFastPath sends every /agent/mcp request through mcp-go's own
+	// JSON-RPC handling. By default a tools/call that mcp-go would answer
+	// with a plain JSON result is answered by the endpoint's fast path with
+	// the same bytes (mcp/fastpath.go); this is the escape hatch.
+	MCPNoFastPath bool
 	// Demo serves the demo app (Taskboard) at / and /demo/save. It loads
 	// /agent/client.js, so it needs the default Prefix.
 	Demo bool

@@ -163,10 +163,11 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		if s.mcp, err = mcp.NewHTTPHandler(mcp.HTTPConfig{
 			Config: mcp.Config{Client: s.lap.Client(), Tools: cfg.MCPTools, Logger: s.log.With("component", "mcp"), Name: "lapd", Version: s.version,
 				Observer: s.mcpObserver()},
-			AllowedOrigins: cfg.Origins,
-			AllowedHosts:   s.servedHosts(),
-			TrustProxy:     cfg.TrustProxy,
-			Audit:          s.audit,
+			DisableFastPath: cfg.MCPNoFastPath,
+			AllowedOrigins:  cfg.Origins,
+			AllowedHosts:    s.servedHosts(),
+			TrustProxy:      cfg.TrustProxy,
+			Audit:           s.audit,
 		}); err != nil {
 			return nil, err
 		}

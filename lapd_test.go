@@ -449,3 +449,41 @@ func TestMCPTools(t *testing.T) {
 		}
 	}
 }
+
+// Config.MCPNoFastPath turns the /agent/mcp fast path off; it is on by
+// default.
+func TestMCPFastPathConfig(t *testing.T) {
+	t.Parallel()
+	for _, off := range []bool{false, true} {
+		s, _, _ := start(t, lapd.Config{MCPNoFastPath: off})
+		if got := s.MCP().FastPath(); got == off {
+			t.Errorf("MCPNoFastPath %v: fast path %v", off, got)
+		}
+	}
+}
+
+// A tab answers every LAP call with two frames (the reply and the
+// log-append). Those answers are not counted in the socket's inbound rates
+// (pairing/frame.go), so with the LAP rate raised the tab's socket is not
+// throttled below it: counted at the pairing defaults (200 frames/s, burst
+// 1,000), they held a single agent to 100 calls a second.
+func TestTabAnswersFollowLAPRate(t *testing.T) {
+	t.Parallel()
+	s := lapdtest.NewServer(lapd.Config{LAPRate: 1e9, LAPBurst: 1 << 20})
+	defer s.Close()
+	ctx := ctxT(t)
+	tab, sess, err := s.Pair(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	c := lap.NewHTTPClient(s.Client())
+	for i := range 1000 {
+		if _, err := c.Call(ctx, sess.LapURL, sess.Token, "/observe", nil); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if n := s.Lapd.Stats().Pairing.Throttled; n != 0 {
+		t.Fatalf("%d inbound frames throttled under a LAP rate of 1e9/s", n)
+	}
+}

@@ -40,6 +40,9 @@ var configs = map[string]config{
 	// default, and default again: an A/A pair that shows the noise alone.
 	"default-admin": {"default-admin", []string{"--admin-addr", "127.0.0.1:0"}},
 	"default-again": {"default-again", nil},
+	// /agent/mcp without its tools/call fast path (mcp-go answers every
+	// request), against default in the same run.
+	"default-nofast": {"default-nofast", []string{"--mcp-fast-path=false"}},
 }
 
 // proc is a running server process (lapd serve or the floor server).
