@@ -487,3 +487,29 @@ func TestTabAnswersFollowLAPRate(t *testing.T) {
 		t.Fatalf("%d inbound frames throttled under a LAP rate of 1e9/s", n)
 	}
 }
+
+// Config.MCPSessions reaches the MCP endpoint: with room for one stateful
+// session, a second client's initialize makes room by evicting the first
+// (which then gets 404), as a full table does.
+func TestMCPSessionLimits(t *testing.T) {
+	t.Parallel()
+	_, srv, _ := start(t, lapd.Config{MCPSessions: lapd.MCPSessionLimits{Max: 1}})
+	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
+	list := `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`
+	hdr := []string{"Content-Type", "application/json", "Accept", "application/json, text/event-stream", "MCP-Protocol-Version", "2025-06-18"}
+	session := func() string {
+		t.Helper()
+		st, h, b := do(t, "POST", srv.URL+"/agent/mcp", "", init, hdr...)
+		if st != 200 || h.Get("Mcp-Session-Id") == "" {
+			t.Fatalf("initialize: %d %s (session %q)", st, b, h.Get("Mcp-Session-Id"))
+		}
+		return h.Get("Mcp-Session-Id")
+	}
+	first, second := session(), session()
+	if st, _, b := do(t, "POST", srv.URL+"/agent/mcp", "", list, append(hdr, "Mcp-Session-Id", second)...); st != 200 {
+		t.Errorf("tools/list on the new session: %d %s", st, b)
+	}
+	if st, _, b := do(t, "POST", srv.URL+"/agent/mcp", "", list, append(hdr, "Mcp-Session-Id", first)...); st != http.StatusNotFound {
+		t.Errorf("tools/list on the session evicted by MCPSessions.Max 1: %d %s, want 404", st, b)
+	}
+}
