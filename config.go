@@ -105,6 +105,14 @@ type Config struct {
 	// default: the six that cover connect → act → approve → narrate) or
 	// mcp.ToolsAll (16).
 	MCPTools mcp.ToolSet
+	// MCPNoFastPath sends every /agent/mcp request through mcp-go's own
+	// JSON-RPC handling. By default a tools/call that mcp-go would answer
+	// with a plain JSON result is answered by the endpoint's fast path with
+	// the same bytes (mcp/fastpath.go); this is the escape hatch.
+	MCPNoFastPath bool
+	// MCPSessions bounds {Prefix}/mcp's stateful (legacy-era) sessions;
+	// a zero field keeps the mcp package's default (shown in brackets).
+	MCPSessions MCPSessionLimits
 	// Demo serves the demo app (Taskboard) at / and /demo/save. It loads
 	// /agent/client.js, so it needs the default Prefix.
 	Demo bool
@@ -149,3 +157,16 @@ type AdminConfig struct {
 
 // DefaultMaxKeptBytes is the default of Config.MaxKeptBytes.
 const DefaultMaxKeptBytes = 512 << 20
+
+// MCPSessionLimits bounds the MCP endpoint's stateful sessions (the
+// 2025-era clients that keep an Mcp-Session-Id; modern clients hold none).
+// Past a bound a new session is refused with 503 session-capacity and a
+// Retry-After, or, per token and per IP, the least recently used one is
+// dropped. Zero fields keep the defaults in brackets.
+type MCPSessionLimits struct {
+	Max             int           // sessions in all [64]
+	Unauthenticated int           // sessions with no connect_session yet [16]
+	PerToken        int           // sessions bound to one agent token [8]
+	PerIP           int           // sessions of one client IP, IPv6 per /64; loopback exempt [16]
+	IdleTTL         time.Duration // a session unused this long is dropped [30m]
+}

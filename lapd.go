@@ -185,10 +185,16 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		if s.mcp, err = mcp.NewHTTPHandler(mcp.HTTPConfig{
 			Config: mcp.Config{Client: s.lap.Client(), Tools: cfg.MCPTools, Logger: s.log.With("component", "mcp"), Name: "lapd", Version: s.version,
 				Observer: s.mcpObserver(), Bindings: bcfg},
-			AllowedOrigins: cfg.Origins,
-			AllowedHosts:   s.servedHosts(),
-			TrustProxy:     cfg.TrustProxy,
-			Audit:          s.audit,
+			DisableFastPath:            cfg.MCPNoFastPath,
+			MaxSessions:                cfg.MCPSessions.Max,
+			MaxUnauthenticatedSessions: cfg.MCPSessions.Unauthenticated,
+			MaxSessionsPerToken:        cfg.MCPSessions.PerToken,
+			MaxSessionsPerIP:           cfg.MCPSessions.PerIP,
+			IdleTTL:                    cfg.MCPSessions.IdleTTL,
+			AllowedOrigins:             cfg.Origins,
+			AllowedHosts:               s.servedHosts(),
+			TrustProxy:                 cfg.TrustProxy,
+			Audit:                      s.audit,
 		}); err != nil {
 			return nil, err
 		}

@@ -449,3 +449,67 @@ func TestMCPTools(t *testing.T) {
 		}
 	}
 }
+
+// Config.MCPNoFastPath turns the /agent/mcp fast path off; it is on by
+// default.
+func TestMCPFastPathConfig(t *testing.T) {
+	t.Parallel()
+	for _, off := range []bool{false, true} {
+		s, _, _ := start(t, lapd.Config{MCPNoFastPath: off})
+		if got := s.MCP().FastPath(); got == off {
+			t.Errorf("MCPNoFastPath %v: fast path %v", off, got)
+		}
+	}
+}
+
+// A tab answers every LAP call with two frames (the reply and the
+// log-append). Those answers are not counted in the socket's inbound rates
+// (pairing/frame.go), so with the LAP rate raised the tab's socket is not
+// throttled below it: counted at the pairing defaults (200 frames/s, burst
+// 1,000), they held a single agent to 100 calls a second.
+func TestTabAnswersFollowLAPRate(t *testing.T) {
+	t.Parallel()
+	s := lapdtest.NewServer(lapd.Config{LAPRate: 1e9, LAPBurst: 1 << 20})
+	defer s.Close()
+	ctx := ctxT(t)
+	tab, sess, err := s.Pair(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	c := lap.NewHTTPClient(s.Client())
+	for i := range 1000 {
+		if _, err := c.Call(ctx, sess.LapURL, sess.Token, "/observe", nil); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if n := s.Lapd.Stats().Pairing.Throttled; n != 0 {
+		t.Fatalf("%d inbound frames throttled under a LAP rate of 1e9/s", n)
+	}
+}
+
+// Config.MCPSessions reaches the MCP endpoint: with room for one stateful
+// session, a second client's initialize makes room by evicting the first
+// (which then gets 404), as a full table does.
+func TestMCPSessionLimits(t *testing.T) {
+	t.Parallel()
+	_, srv, _ := start(t, lapd.Config{MCPSessions: lapd.MCPSessionLimits{Max: 1}})
+	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
+	list := `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`
+	hdr := []string{"Content-Type", "application/json", "Accept", "application/json, text/event-stream", "MCP-Protocol-Version", "2025-06-18"}
+	session := func() string {
+		t.Helper()
+		st, h, b := do(t, "POST", srv.URL+"/agent/mcp", "", init, hdr...)
+		if st != 200 || h.Get("Mcp-Session-Id") == "" {
+			t.Fatalf("initialize: %d %s (session %q)", st, b, h.Get("Mcp-Session-Id"))
+		}
+		return h.Get("Mcp-Session-Id")
+	}
+	first, second := session(), session()
+	if st, _, b := do(t, "POST", srv.URL+"/agent/mcp", "", list, append(hdr, "Mcp-Session-Id", second)...); st != 200 {
+		t.Errorf("tools/list on the new session: %d %s", st, b)
+	}
+	if st, _, b := do(t, "POST", srv.URL+"/agent/mcp", "", list, append(hdr, "Mcp-Session-Id", first)...); st != http.StatusNotFound {
+		t.Errorf("tools/list on the session evicted by MCPSessions.Max 1: %d %s, want 404", st, b)
+	}
+}

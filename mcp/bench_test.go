@@ -1,7 +1,13 @@
 package mcp
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
 	"testing"
 
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
@@ -42,4 +48,69 @@ func BenchmarkObserveHTTP(b *testing.B) {
 	}
 	req.Params.Name, req.Params.Arguments = "observe", map[string]any{}
 	benchObserve(b, func() (*mcpgo.CallToolResult, error) { return c.CallTool(context.Background(), req) })
+}
+
+// BenchmarkObserveEndpoint: one 2026-07-28 observe tools/call handed to the
+// /agent/mcp handler (no network, fake LAP answering 10 KiB of state), with
+// the fast path and through mcp-go (DisableFastPath): the endpoint's own
+// cost per call.
+func BenchmarkObserveEndpoint(b *testing.B) {
+	for _, mode := range []struct {
+		name    string
+		disable bool
+	}{{"fast", false}, {"mcp-go", true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			lc := &rawObserveLAP{fakeLAP: newFakeLAP(), raw: json.RawMessage(`{"state":` + bigState() + `,"actions":` + twoActions + `,"description":{"name":"Todo","version":"1","schemaHash":"h1"},"context":null,"health":{"connected":true}}`)}
+			hh := newHTTPHarness(b, func(c *HTTPConfig) { c.DisableFastPath = mode.disable; c.Client = lc })
+			post := func(body string) *httptest.ResponseRecorder {
+				r := httptest.NewRequest(http.MethodPost, "/agent/mcp", strings.NewReader(body))
+				r.Header.Set("Content-Type", "application/json")
+				r.Header.Set("Accept", "application/json, text/event-stream")
+				r.Header.Set("MCP-Protocol-Version", mcpgo.ProtocolVersion20260728)
+				r.Header.Set("Mcp-Method", "tools/call")
+				r.Header.Set("Mcp-Name", gjsonName(body))
+				w := httptest.NewRecorder()
+				hh.h.ServeHTTP(w, r)
+				return w
+			}
+			w := post(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"connect_session","arguments":{"token":"` + tokA + `"},` + modernMeta + `}}`)
+			handle := regexp.MustCompile(`s_[a-z2-7]{16}`).FindString(w.Body.String())
+			if handle == "" {
+				b.Fatalf("connect_session: %s", w.Body)
+			}
+			body := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"observe","arguments":{"session":"` + handle + `"},` + modernMeta + `}}`
+			b.ReportAllocs()
+			for b.Loop() {
+				w := post(body)
+				if w.Code != http.StatusOK || bytes.Contains(w.Body.Bytes(), []byte(`"isError":true`)) {
+					b.Fatalf("%d %s", w.Code, w.Body)
+				}
+			}
+		})
+	}
+}
+
+// rawObserveLAP answers /observe with fixed bytes, as the in-process LAP
+// client hands over a tab's reply (the fake's re-encoding would dominate).
+type rawObserveLAP struct {
+	*fakeLAP
+	raw json.RawMessage
+}
+
+func (l *rawObserveLAP) Call(ctx context.Context, base, token, route string, body any) (json.RawMessage, error) {
+	if route == "/observe" {
+		return l.raw, nil
+	}
+	return l.fakeLAP.Call(ctx, base, token, route, body)
+}
+
+// gjsonName is the tool name of a tools/call body (Mcp-Name).
+func gjsonName(body string) string {
+	var m struct {
+		Params struct {
+			Name string `json:"name"`
+		} `json:"params"`
+	}
+	_ = json.Unmarshal([]byte(body), &m)
+	return m.Params.Name
 }

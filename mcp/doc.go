@@ -60,7 +60,12 @@
 // A success is a JSON object: structuredContent and, as text, the same
 // compact bytes. On /agent/mcp they are encoded once: the executor hands
 // mcp-go a placeholder and the response writer splices the bytes in
-// (splice.go). A refusal by the app, its policy or the user (status
+// (splice.go). A plain tools/call (JSON answer, no progress token, a
+// session that was never sent a notification) does not go through mcp-go's
+// JSON-RPC machinery at all: the endpoint's fast path (fastpath.go) checks
+// what mcp-go checks, calls the same handler and writes the same bytes, and
+// leaves every other request to mcp-go (HTTPConfig.DisableFastPath turns it
+// off). A refusal by the app, its policy or the user (status
 // rejected with reason human-only, invalid, schema-error, user-cancelled, …;
 // pending-confirmation) is a result with isError false and a next hint. A
 // failure of the tool itself is an isError result whose text starts with a
@@ -73,7 +78,8 @@
 // Within a call's budget (reads 20 s; send_message: the larger of timeoutMs
 // and approvalTimeoutMs, + 2 s, per message; get_confirm_result and
 // wait_for_change: their timeoutMs + 2 s) the executor retries a 503 paused
-// with reconnect=pending and a 429 after Retry-After (send_message only
+// with reconnect=pending (polling at least every 2 s: its Retry-After is
+// what is left of the grace window) and a 429 after Retry-After (send_message only
 // within timeoutMs + 2 s), re-sending the same body, so every message keeps
 // its idempotency key (one is generated when the model gives none, and
 // returned when a call fails). While it waits it sends

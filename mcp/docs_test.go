@@ -119,7 +119,7 @@ func renderToolsDoc() string {
 	w.WriteString("\n## Budgets and retries\n\n")
 	w.WriteString("Reads, `narrate` and `connect_session`: 20 s. `send_message`: the larger of `timeoutMs` (5000) and `approvalTimeoutMs` (20000), + 2 s, per message. `wait_for_change`: `timeoutMs` (10000) + 2 s. ")
 	w.WriteString("`get_confirm_result`: `timeoutMs` (20000) + 2 s. Within its budget a call retries a 503 `paused` with `reconnect: pending` and a 429 ")
-	w.WriteString("after their `Retry-After` (at most 8 retries), re-sending the same body, so every message keeps its idempotency key. ")
+	w.WriteString("after their `Retry-After` (a paused session is polled at least every 2 s: its `Retry-After` is the grace window left, not when the tab is back; at most 8 retries), re-sending the same body, so every message keeps its idempotency key. ")
 	w.WriteString("While a call waits, a client that sent a progress token gets `notifications/progress` about once a second.\n")
 	return w.String()
 }

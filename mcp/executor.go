@@ -94,6 +94,10 @@ type Executor struct {
 	bindings *Bindings
 	log      *slog.Logger
 	defs     []toolDef
+
+	// notified, if set, is told the MCP session a notification is about to
+	// be sent to (the /agent/mcp fast path leaves such sessions to mcp-go).
+	notified func(sessionID string)
 }
 
 // NewExecutor validates cfg and returns an Executor with an empty session table.
@@ -131,13 +135,18 @@ func (e *Executor) Bindings() *Bindings { return e.bindings }
 func (e *Executor) Register(s *mcpserver.MCPServer) {
 	tools := make([]mcpserver.ServerTool, 0, len(e.defs))
 	for _, d := range e.defs {
-		d := d
-		tools = append(tools, mcpserver.ServerTool{Tool: d.mcpTool(), Handler: func(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
-			return e.observedCall(ctx, d, req), nil
-		}})
+		tools = append(tools, mcpserver.ServerTool{Tool: d.mcpTool(), Handler: e.toolHandler(d)})
 	}
 	s.AddTools(tools...)
 	s.AddPrompt(connectPrompt(), connectPromptHandler)
+}
+
+// toolHandler is the handler of tool d: what mcp-go calls, and what the
+// /agent/mcp fast path (fastpath.go) calls for the same request.
+func (e *Executor) toolHandler(d toolDef) mcpserver.ToolHandlerFunc {
+	return func(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
+		return e.observedCall(ctx, d, req), nil
+	}
 }
 
 // scope names the caller for default-binding purposes.
@@ -172,11 +181,14 @@ func (d toolDef) parseArgs(req mcpgo.CallToolRequest) (args, *toolError) {
 		raw = map[string]any{}
 	}
 	// Normalise through JSON so in-process callers (Go ints, structs) and wire
-	// callers (float64) look the same.
-	if b, err := json.Marshal(raw); err == nil {
-		var norm map[string]any
-		if json.Unmarshal(b, &norm) == nil && norm != nil {
-			raw = norm
+	// callers (float64) look the same. Arguments decoded from the wire
+	// already are (the common case: no second encode and decode).
+	if !jsonNative(raw) {
+		if b, err := json.Marshal(raw); err == nil {
+			var norm map[string]any
+			if json.Unmarshal(b, &norm) == nil && norm != nil {
+				raw = norm
+			}
 		}
 	}
 	inputs := d.inputs()
@@ -218,6 +230,31 @@ func (d toolDef) parseArgs(req mcpgo.CallToolRequest) (args, *toolError) {
 		return nil, invalidArgs("pass msg (one action) or msgs (several), not both")
 	}
 	return a, nil
+}
+
+// jsonNative reports whether v holds only what encoding/json decodes into
+// an any: maps of string to any, slices of any, strings, float64, bools and
+// nil.
+func jsonNative(v any) bool {
+	switch v := v.(type) {
+	case nil, string, float64, bool:
+		return true
+	case map[string]any:
+		for _, x := range v {
+			if !jsonNative(x) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		for _, x := range v {
+			if !jsonNative(x) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
 }
 
 func checkType(p prop, v any) *toolError {
@@ -315,7 +352,7 @@ func (e *Executor) handle(ctx context.Context, d toolDef, req mcpgo.CallToolRequ
 	if terr != nil {
 		return terr.result()
 	}
-	p := startProgress(ctx, req, e.cfg.ProgressInterval)
+	p := startProgress(ctx, req, e.cfg.ProgressInterval, e.onNotify(ctx))
 	defer p.Stop()
 	var res *mcpgo.CallToolResult
 	var err error
@@ -341,6 +378,20 @@ func (e *Executor) handle(ctx context.Context, d toolDef, req mcpgo.CallToolRequ
 		return fromLAP(err, "").result()
 	}
 	return finish(ctx, res)
+}
+
+// onNotify is what a notification sent to the caller's MCP session must
+// tell the HTTP endpoint (nil when nothing).
+func (e *Executor) onNotify(ctx context.Context) func() {
+	if e.notified == nil || mcpserver.IsModernRequest(ctx) {
+		return nil
+	}
+	s := mcpserver.ClientSessionFromContext(ctx)
+	if s == nil {
+		return nil
+	}
+	sid := s.SessionID()
+	return func() { e.notified(sid) }
 }
 
 func (e *Executor) resolve(ctx context.Context, a args) (Binding, error) {
@@ -411,11 +462,17 @@ func (e *Executor) callRetryWithin(ctx context.Context, b Binding, route string,
 	}
 }
 
+// pausedPoll is the longest wait between retries while the tab reconnects.
+const pausedPoll = 2 * time.Second
+
 // retryable reports whether lapd asked to come back later, and when.
 func retryable(le *lap.Error) (time.Duration, string, bool) {
 	switch {
 	case le.Code == "paused" && (le.Reconnect == "pending" || le.Reconnect == ""):
-		w := le.RetryAfter
+		// Retry-After on a paused session is how long the grace window
+		// still runs (up to a minute after a drop mid-call), not when the
+		// tab will be back: a reload takes a second or two. Poll.
+		w := min(le.RetryAfter, pausedPoll)
 		if w <= 0 {
 			w = time.Second
 		}

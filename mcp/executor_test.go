@@ -528,3 +528,27 @@ func (s *syncBuf) Write(p []byte) (int, error) {
 
 func (s *syncBuf) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 func (s *syncBuf) reset()         { s.mu.Lock(); defer s.mu.Unlock(); s.b.Reset() }
+
+// A drop mid-call answers paused with the grace window's remainder as
+// Retry-After (up to a minute); the tab is usually back within seconds, so
+// the executor polls every 2 s within the call's budget instead of giving
+// up with "retry in 60 s".
+func TestPausedLongRetryAfterPolls(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	h.connect(tokA)
+	paused := 2
+	h.lap.on("/observe", func(n int, c fakeCall) (any, error) {
+		if paused > 0 {
+			paused--
+			return nil, &lap.Error{Status: 503, Code: "paused", Reconnect: "pending", RetryAfter: 58 * time.Second}
+		}
+		return map[string]any{"state": map[string]any{}, "actions": []any{}}, nil
+	})
+	if out := h.call("observe", nil); out.IsError {
+		t.Fatalf("observe after the tab came back: %v", out)
+	}
+	if w := h.after.got(); !slices.Equal(w, []time.Duration{pausedPoll, pausedPoll}) {
+		t.Fatalf("waits %v, want two of %v", w, pausedPoll)
+	}
+}

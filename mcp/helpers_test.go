@@ -11,6 +11,8 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 	"go.uber.org/goleak"
+
+	"github.com/lapd-dev/lapd/audit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -24,6 +26,7 @@ const (
 type fakeCall struct {
 	Base, Token, Route string
 	Body               map[string]any
+	RID                string // the request id the call's context carries
 }
 
 // fakeLAP is a scriptable lap.Client. Each route's handler gets the call
@@ -58,7 +61,7 @@ func (f *fakeLAP) on(route string, h func(n int, c fakeCall) (any, error)) {
 }
 
 func (f *fakeLAP) Call(ctx context.Context, b, token, route string, body any) (json.RawMessage, error) {
-	c := fakeCall{Base: b, Token: token, Route: route}
+	c := fakeCall{Base: b, Token: token, Route: route, RID: audit.RequestID(ctx)}
 	if body != nil {
 		raw, _ := json.Marshal(body)
 		_ = json.Unmarshal(raw, &c.Body)

@@ -61,6 +61,11 @@ type HTTPConfig struct {
 
 	Audit Auditor // refusals (403 origin, 429, 503 capacity); nil = none
 	Now   func() time.Time
+
+	// DisableFastPath sends every request through mcp-go. By default a
+	// tools/call that mcp-go would answer with a plain JSON result is
+	// answered by the fast path (fastpath.go), with the same bytes.
+	DisableFastPath bool
 }
 
 // HTTPHandler is the /agent/mcp endpoint: mcp-go's Streamable HTTP server
@@ -71,7 +76,8 @@ type HTTPHandler struct {
 	exec     *Executor
 	mcp      *mcpserver.StreamableHTTPServer
 	sessions *sessionTable
-	splice   bool // encode results once (splice.go)
+	splice   bool      // encode results once (splice.go)
+	fast     *fastPath // nil = every request through mcp-go
 	hosts    *hostguard.Guard
 
 	ipMu sync.Mutex
@@ -131,12 +137,18 @@ func NewHTTPHandler(cfg HTTPConfig) (*HTTPHandler, error) {
 			userOnBind(scope, key)
 		}
 	}
-	s, e, err := NewServer(ec)
+	fast := &fastPath{}
+	hooks := &mcpserver.Hooks{}
+	fast.hooks(hooks)
+	s, e, err := newServer(ec, mcpserver.WithHooks(hooks))
 	if err != nil {
 		return nil, err
 	}
 	h.exec = e
-	h.sessions = &sessionTable{cfg: &h.cfg, m: map[string]*httpSession{}, reserved: map[string]int{}, dropped: e.bindings.DropScope}
+	h.sessions = &sessionTable{cfg: &h.cfg, m: map[string]*httpSession{}, reserved: map[string]int{}, dropped: func(id string) int {
+		fast.forget(id)
+		return e.bindings.DropScope(id)
+	}}
 	h.mcp = mcpserver.NewStreamableHTTPServer(s,
 		mcpserver.WithStateful(true), // DELETE ends a session; 404 after
 		// The Host check is ours (ServeHTTP): it also allows the configured
@@ -145,8 +157,21 @@ func NewHTTPHandler(cfg HTTPConfig) (*HTTPHandler, error) {
 		mcpserver.WithSessionIdManagerResolver(h.sessions),
 		mcpserver.WithStreamableHTTPLogger(e.log),
 	)
+	if !cfg.DisableFastPath && h.splice {
+		if err := fast.init(ec, e, s, h.mcp, h.sessions); err != nil {
+			e.log.Warn("mcp: the tools/call fast path is off: mcp-go encodes responses in a way it does not expect", "err", err)
+		} else {
+			h.fast = fast
+			e.notified = fast.noteNotified
+		}
+	}
 	return h, nil
 }
+
+// FastPath reports whether plain tools/call requests take the fast path
+// (fastpath.go): false with DisableFastPath, or when its start-up probe
+// found an encoding of mcp-go's it does not expect.
+func (h *HTTPHandler) FastPath() bool { return h.fast != nil }
 
 // Executor returns the executor behind the endpoint.
 func (h *HTTPHandler) Executor() *Executor { return h.exec }
@@ -240,6 +265,19 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(mcpserver.HeaderKeySessionID) == "" && isInitialize(body) && !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) {
 			h.allocate(w, r)
 			return
+		}
+		if h.fast != nil {
+			if h.fast.serve(w, r, body) {
+				return
+			}
+			if isCancelledNotification(body) {
+				sr := &statusRecorder{ResponseWriter: w}
+				h.mcp.ServeHTTP(sr, r)
+				if sr.status == http.StatusAccepted {
+					h.fast.cancelled(r, body)
+				}
+				return
+			}
 		}
 		if h.splice {
 			sp := &splicer{}

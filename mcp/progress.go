@@ -19,6 +19,8 @@ type progress struct {
 	srv   *mcpserver.MCPServer
 	token mcpgo.ProgressToken
 
+	onSend func() // before each send, if set
+
 	sendMu sync.Mutex // serialises sends so progress values rise monotonically
 	mu     sync.Mutex // guards msg
 	n      int        // guarded by sendMu
@@ -28,7 +30,8 @@ type progress struct {
 }
 
 // startProgress returns nil (all methods are nil-safe) when there is no token.
-func startProgress(ctx context.Context, req mcpgo.CallToolRequest, interval time.Duration) *progress {
+// onSend, if set, runs before each notification.
+func startProgress(ctx context.Context, req mcpgo.CallToolRequest, interval time.Duration, onSend func()) *progress {
 	if req.Params.Meta == nil || req.Params.Meta.ProgressToken == nil {
 		return nil
 	}
@@ -36,7 +39,7 @@ func startProgress(ctx context.Context, req mcpgo.CallToolRequest, interval time
 	if srv == nil {
 		return nil
 	}
-	p := &progress{ctx: ctx, srv: srv, token: req.Params.Meta.ProgressToken, stop: make(chan struct{}), done: make(chan struct{})}
+	p := &progress{ctx: ctx, srv: srv, token: req.Params.Meta.ProgressToken, onSend: onSend, stop: make(chan struct{}), done: make(chan struct{})}
 	go p.loop(interval)
 	return p
 }
@@ -78,6 +81,9 @@ func (p *progress) send(msg string) {
 	defer p.sendMu.Unlock()
 	p.n++
 	n := p.n
+	if p.onSend != nil {
+		p.onSend()
+	}
 	_ = p.srv.SendNotificationToClient(p.ctx, "notifications/progress", map[string]any{
 		"progressToken": p.token,
 		"progress":      n,

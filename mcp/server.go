@@ -15,6 +15,12 @@ import (
 // NewServer builds an MCP server with the 16 tools, the `connect` prompt and
 // the workflow instructions, backed by a new Executor over cfg.Client.
 func NewServer(cfg Config) (*mcpserver.MCPServer, *Executor, error) {
+	return newServer(cfg)
+}
+
+// newServer is NewServer with extra mcp-go options (the HTTP endpoint's
+// session hooks).
+func newServer(cfg Config, extra ...mcpserver.ServerOption) (*mcpserver.MCPServer, *Executor, error) {
 	e, err := NewExecutor(cfg)
 	if err != nil {
 		return nil, nil, err
@@ -23,7 +29,7 @@ func NewServer(cfg Config) (*mcpserver.MCPServer, *Executor, error) {
 	for i, d := range e.defs {
 		order[d.name] = i
 	}
-	s := mcpserver.NewMCPServer(e.cfg.Name, e.cfg.Version,
+	opts := []mcpserver.ServerOption{
 		// mcp-go lists tools by name; put them back in workflow order
 		// (connect_session first), which is also deterministic.
 		mcpserver.WithToolFilter(func(_ context.Context, ts []mcpgo.Tool) []mcpgo.Tool {
@@ -44,7 +50,8 @@ func NewServer(cfg Config) (*mcpserver.MCPServer, *Executor, error) {
 		mcpserver.WithTitle("lapd — drive a live web app"),
 		mcpserver.WithRecovery(),
 		mcpserver.WithLogger(mcpgoLogger(e.log)),
-	)
+	}
+	s := mcpserver.NewMCPServer(e.cfg.Name, e.cfg.Version, append(opts, extra...)...)
 	e.Register(s)
 	return s, e, nil
 }

@@ -163,11 +163,16 @@ func splicerFrom(ctx context.Context) *splicer {
 }
 
 // finish completes a successful result: the text copy of its
-// structuredContent, or, on /agent/mcp, a placeholder for the splicer.
+// structuredContent, or, on /agent/mcp, a placeholder for the splicer or
+// the fast path.
 func finish(ctx context.Context, res *mcpgo.CallToolResult) *mcpgo.CallToolResult {
 	sc, ok := res.StructuredContent.(json.RawMessage)
 	if !ok || res.IsError || len(res.Content) > 0 {
 		return res
+	}
+	if fr := fastResultFrom(ctx); fr != nil { // the fast path writes it (fastpath.go)
+		fr.sc = sc
+		return &fr.res
 	}
 	if sp := splicerFrom(ctx); sp != nil {
 		return sp.put(sc)

@@ -99,13 +99,17 @@ func (b *bench) load(ctx context.Context, p *proc, sc scenario, cn string) (Resu
 			ops[i] = postOp(hc, m.LapURL+"/observe", m.Token, []byte(`{}`))
 		case "message":
 			ops[i] = postOp(hc, m.LapURL+"/message", m.Token, []byte(messageBody))
-		case "mcp":
+		case "mcp", "mcpraw":
 			a, err := dialMCP(setup, base, m, sc.Agents)
 			if err != nil {
 				return Result{}, err
 			}
 			defer a.c.Close()
-			ops[i] = a.observeOp()
+			if sc.Kind == "mcpraw" {
+				ops[i] = a.rawObserveOp(hc, p.URL+"/agent/mcp")
+			} else {
+				ops[i] = a.observeOp()
+			}
 		}
 	}
 	var prof sync.WaitGroup

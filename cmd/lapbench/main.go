@@ -20,6 +20,10 @@
 //	observe-1, observe-16  POST /agent/lap/v1/observe, 1 and 16 agents
 //	message-16             POST /agent/lap/v1/message (addTask), 16 agents
 //	mcp-1, mcp-8           the observe tool over /agent/mcp (mcp-go client)
+//	mcpraw-1, mcpraw-8     the same call as one plain 2026-07-28 JSON-RPC POST
+//	                       whose response is read, not decoded (as the LAP
+//	                       scenarios read theirs): the server's MCP path
+//	                       without mcp-go's client
 //	idle-1000, idle-10000  N paired idle tabs: server RSS per tab
 //	                       ((RSS paired − RSS after minting) / N), settled
 //	                       (-settle) and again after a GC (started through
@@ -143,7 +147,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 // scenario is a parsed scenario name.
 type scenario struct {
 	Name   string
-	Kind   string // floor, observe, message, mcp, idle
+	Kind   string // floor, observe, message, mcp, mcpraw, idle
 	Agents int    // agents, or tabs for idle
 }
 
@@ -154,10 +158,10 @@ func parseScenario(s string) (scenario, error) {
 		return scenario{}, fmt.Errorf("bad scenario %q (want e.g. observe-16)", s)
 	}
 	switch kind {
-	case "floor", "observe", "message", "mcp", "idle":
+	case "floor", "observe", "message", "mcp", "mcpraw", "idle":
 		return scenario{Name: s, Kind: kind, Agents: v}, nil
 	}
-	return scenario{}, fmt.Errorf("unknown scenario %q (floor-N, observe-N, message-N, mcp-N, idle-N)", s)
+	return scenario{}, fmt.Errorf("unknown scenario %q (floor-N, observe-N, message-N, mcp-N, mcpraw-N, idle-N)", s)
 }
 
 // Result is one measured scenario × configuration × run.

@@ -43,7 +43,7 @@ func TestLapbenchRuns(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "out.json")
 	var stdout bytes.Buffer
 	err = run(context.Background(), []string{"-lapd", bin, "-d", "1500ms", "-warm", "300ms", "-settle", "300ms", // a window long enough that a loaded CI machine still completes requests in it
-		"-scenarios", "floor-1,observe-2,message-2,mcp-1,idle-20", "-configs", "default,memory-none", "-json", out}, &stdout, io.Discard)
+		"-scenarios", "floor-1,observe-2,message-2,mcp-1,mcpraw-1,idle-20", "-configs", "default,memory-none", "-json", out}, &stdout, io.Discard)
 	if err != nil {
 		t.Fatalf("lapbench: %v\n%s", err, stdout.String())
 	}
@@ -68,7 +68,7 @@ func TestLapbenchRuns(t *testing.T) {
 			t.Errorf("%s/default: %.2f audit lines per call, want one", r.Scenario, r.AuditPerReq)
 		}
 	}
-	for _, k := range []string{"floor-1/floor", "observe-2/default", "observe-2/memory-none", "message-2/default", "mcp-1/default", "idle-20/default"} {
+	for _, k := range []string{"floor-1/floor", "observe-2/default", "observe-2/memory-none", "message-2/default", "mcp-1/default", "mcpraw-1/default", "idle-20/default"} {
 		if !seen[k] {
 			t.Errorf("no result for %s", k)
 		}

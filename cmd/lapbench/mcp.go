@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/mark3labs/mcp-go/client"
@@ -66,6 +69,46 @@ func (a *mcpAgent) observeOp() op {
 		}
 		if res.IsError {
 			return errors.New("observe: tool error")
+		}
+		return nil
+	}
+}
+
+// rawObserveOp calls the observe tool as one plain 2026-07-28 JSON-RPC POST
+// (the headers and _meta the protocol requires) and, like the LAP ops,
+// reads the response without decoding it: it checks the status, the
+// Content-Type and that the result is not an error. It measures the
+// server's MCP path without mcp-go's client, which decodes a result several
+// times over (docs/PERFORMANCE.md).
+func (a *mcpAgent) rawObserveOp(hc *http.Client, url string) op {
+	var n atomic.Int64
+	return func(ctx context.Context, buf *bytes.Buffer) error {
+		id := n.Add(1)
+		body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"observe","arguments":{"session":%q},"_meta":{"io.modelcontextprotocol/protocolVersion":%q,"io.modelcontextprotocol/clientCapabilities":{}}}}`,
+			id, a.handle, mcpgo.ProtocolVersion20260728)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set(mcpgo.HeaderProtocolVersion, mcpgo.ProtocolVersion20260728)
+		req.Header.Set("Mcp-Method", "tools/call")
+		req.Header.Set("Mcp-Name", "observe")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		buf.Reset()
+		_, err = buf.ReadFrom(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		b := buf.Bytes()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" ||
+			!bytes.HasPrefix(b, []byte(`{"jsonrpc":"2.0","id":`+strconv.FormatInt(id, 10)+`,"result":`)) || bytes.Contains(b, []byte(`"isError":true`)) {
+			return fmt.Errorf("observe: %w %d %s: %.200s", errStatus, resp.StatusCode, resp.Header.Get("Content-Type"), b)
 		}
 		return nil
 	}

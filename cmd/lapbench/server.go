@@ -50,6 +50,9 @@ var configs = map[string]config{
 	// nats-cross: they call node B, which forwards to A over NATS.
 	"nats-local": {"nats-local", nil, 3, false},
 	"nats-cross": {"nats-cross", nil, 3, true},
+	// /agent/mcp without its tools/call fast path (mcp-go answers every
+	// request), against default in the same run.
+	"default-nofast": {"default-nofast", []string{"--mcp-fast-path=false"}, 0, false},
 }
 
 // proc is a running server process (lapd serve or the floor server).

@@ -475,3 +475,20 @@ func TestParseRetention(t *testing.T) {
 		}
 	}
 }
+
+// --mcp-fast-path: on by default; false reaches lapd.Config.
+func TestMCPFastPathFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		off  bool
+	}{{nil, false}, {[]string{"--mcp-fast-path=false"}, true}, {[]string{"--mcp-fast-path"}, false}} {
+		c, err := parseServeFlags(tc.args, io.Discard, envMap(nil))
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		lc, err := lapdConfig(c, io.Discard, nil)
+		if err != nil || lc.MCPNoFastPath != tc.off {
+			t.Errorf("%v: MCPNoFastPath %v (err %v), want %v", tc.args, lc.MCPNoFastPath, err, tc.off)
+		}
+	}
+}

@@ -37,6 +37,7 @@ type serveConfig struct {
 	Demo            bool
 	MCP             bool
 	Tools           string
+	MCPFastPath     bool
 	ShutdownTimeout time.Duration
 	Pprof           string
 	AdminAddr       string // "" = no admin listener
@@ -88,6 +89,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.String(&c.LogFormat, "log-format", "text", "text or json (logs go to stderr)")
 	fs.Bool(&c.Demo, "demo", true, "serve the demo app at /")
 	fs.Bool(&c.MCP, "mcp", true, "serve the MCP Streamable HTTP endpoint at /agent/mcp")
+	fs.Bool(&c.MCPFastPath, "mcp-fast-path", true, "answer plain tools/call requests at /agent/mcp without mcp-go's JSON-RPC machinery (same bytes, less CPU); false sends every request through mcp-go")
 	fs.String(&c.Tools, "tools", "core", "MCP tools listed at /agent/mcp: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
 	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.String(&c.Pprof, "pprof", "", "serve Go's profiler (net/http/pprof) on this separate address, e.g. 127.0.0.1:6060; off by default, never expose it")
