@@ -126,9 +126,9 @@ func (b *bench) load(ctx context.Context, p *proc, sc scenario, cn string) (Resu
 			profErr = p.profile(ctx, b.o.profileDir, sc.Name+"-"+cn, secs)
 		}()
 	}
-	lines0 := p.auditLines()
+	lines0 := p.settledAuditLines() // the set-up's lines (mint, claim) are written asynchronously
 	m := drive(ctx, p, ops, b.o.warm, b.o.d)
-	lines1 := p.auditLines()
+	lines1 := p.settledAuditLines()
 	prof.Wait()
 	if profErr != nil {
 		fmt.Fprintln(b.log, "profile:", profErr)
@@ -137,12 +137,11 @@ func (b *bench) load(ctx context.Context, p *proc, sc scenario, cn string) (Resu
 	out := Result{Agents: sc.Agents, Requests: m.N, Errors: m.Errors, FirstErr: m.FirstEr, Seconds: m.Elapsed.Seconds(),
 		ReqPerS: m.rate(), P50us: us(m.pct(0.50)), P90us: us(m.pct(0.90)), P99us: us(m.pct(0.99)), RSSMiB: float64(rss) / (1 << 20)}
 	if m.N > 0 {
-		// Lines are counted over the whole drive (warm-up included), so
-		// scale by the share of calls made while measuring.
-		total := float64(m.N) * float64(b.o.warm+b.o.d) / float64(b.o.d)
 		out.CPUms = float64(m.CPU.Microseconds()) / 1e3 / float64(m.N)
 		out.ClientCPUms = float64(m.Client.Microseconds()) / 1e3 / float64(m.N)
-		out.AuditPerReq = float64(lines1-lines0) / total
+		// Lines are counted over the whole drive, warm-up included, and so
+		// are the calls they are divided by.
+		out.AuditPerReq = float64(lines1-lines0) / float64(m.All)
 	}
 	return out, nil
 }

@@ -18,7 +18,8 @@ type op func(ctx context.Context, buf *bytes.Buffer) error
 
 // measured is what one load phase produced.
 type measured struct {
-	N       int
+	N       int // calls completed in the measured window
+	All     int // calls completed from the start of the warm-up to the end (for per-call ratios of counters)
 	Errors  int
 	FirstEr string
 	Elapsed time.Duration
@@ -77,6 +78,7 @@ func drive(ctx context.Context, p *proc, ops []op, warm, d time.Duration) measur
 				}
 				err := o(ctx, &buf)
 				t1 := time.Now()
+				out.counts++
 				if t0.Before(from) {
 					continue // warm-up
 				}
@@ -111,6 +113,7 @@ func drive(ctx context.Context, p *proc, ops []op, warm, d time.Duration) measur
 	doneWG.Wait()
 	var m measured
 	for _, o := range outs {
+		m.All += o.counts
 		m.Lat = append(m.Lat, o.lat...)
 		m.Errors += o.errs
 		if m.FirstEr == "" {

@@ -189,6 +189,23 @@ func (p *proc) stop() error {
 
 // auditLines is how many lines the server (and its cluster peers) wrote
 // to stdout.
+// settledAuditLines waits (up to 3 s) until the audit line count stops
+// moving for a few of the audit writer's batch lingers, then returns it: the
+// writer is asynchronous, so lines of calls already answered may still be
+// on their way.
+func (p *proc) settledAuditLines() int64 {
+	n := p.auditLines()
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(80 * time.Millisecond)
+		m := p.auditLines()
+		if m == n {
+			return n
+		}
+		n = m
+	}
+	return n
+}
+
 func (p *proc) auditLines() int64 {
 	n := p.lines.Load()
 	for _, q := range p.peers {
