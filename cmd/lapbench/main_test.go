@@ -28,30 +28,7 @@ func TestMain(m *testing.M) {
 // each produced a figure, no request failed, one audit line was written per
 // LAP call in the default configuration, and the report parses.
 func TestLapbenchRuns(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs lapd; not in -short")
-	}
-	wd, _ := os.Getwd()
-	if err := os.Chdir(filepath.Join(wd, "..", "..")); err != nil { // buildLapd runs from the repository root
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.Chdir(wd) })
-	bin, err := buildLapd(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(t.TempDir(), "out.json")
-	var stdout bytes.Buffer
-	err = run(context.Background(), []string{"-lapd", bin, "-d", "1500ms", "-warm", "300ms", "-settle", "300ms", // a window long enough that a loaded CI machine still completes requests in it
-		"-scenarios", "floor-1,observe-2,message-2,mcp-1,mcpraw-1,idle-20", "-configs", "default,memory-none", "-json", out}, &stdout, io.Discard)
-	if err != nil {
-		t.Fatalf("lapbench: %v\n%s", err, stdout.String())
-	}
-	var rep Report
-	b, _ := os.ReadFile(out)
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep, stdout := runLapbench(t, "-scenarios", "floor-1,observe-2,message-2,mcp-1,mcpraw-1,idle-20", "-configs", "default,memory-none")
 	seen := map[string]bool{}
 	for _, r := range rep.Medians {
 		seen[r.Scenario+"/"+r.Config] = true
@@ -73,8 +50,8 @@ func TestLapbenchRuns(t *testing.T) {
 			t.Errorf("no result for %s", k)
 		}
 	}
-	if !strings.Contains(stdout.String(), "| observe-2 | default |") || !strings.Contains(stdout.String(), "Reference server") {
-		t.Errorf("markdown:\n%s", stdout.String())
+	if !strings.Contains(stdout, "| observe-2 | default |") || !strings.Contains(stdout, "Reference server") {
+		t.Errorf("markdown:\n%s", stdout)
 	}
 }
 
@@ -83,30 +60,7 @@ func TestLapbenchRuns(t *testing.T) {
 // nodes, the agents on node A and on node B; figures, no errors, and the
 // audit line of each call counted whichever node wrote it.
 func TestLapbenchCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs lapd and nats-server; not in -short")
-	}
-	wd, _ := os.Getwd()
-	if err := os.Chdir(filepath.Join(wd, "..", "..")); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.Chdir(wd) })
-	bin, err := buildLapd(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(t.TempDir(), "out.json")
-	var stdout bytes.Buffer
-	err = run(context.Background(), []string{"-lapd", bin, "-d", "1500ms", "-warm", "300ms", "-settle", "300ms", // as TestLapbenchRuns: long enough on a loaded machine
-		"-scenarios", "observe-2,idle-20", "-configs", "nats-local,nats-cross", "-json", out}, &stdout, io.Discard)
-	if err != nil {
-		t.Fatalf("lapbench: %v\n%s", err, stdout.String())
-	}
-	var rep Report
-	b, _ := os.ReadFile(out)
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep, _ := runLapbench(t, "-scenarios", "observe-2,idle-20", "-configs", "nats-local,nats-cross")
 	seen := map[string]bool{}
 	for _, r := range rep.Medians {
 		seen[r.Scenario+"/"+r.Config] = true
@@ -122,4 +76,36 @@ func TestLapbenchCluster(t *testing.T) {
 			t.Errorf("no result for %s", k)
 		}
 	}
+}
+
+// runLapbench builds lapd (from the repository root, without -race) and
+// runs lapbench with args over short windows, long enough that a loaded CI
+// machine still completes requests in them; it returns the report and the
+// markdown lapbench printed.
+func runLapbench(t *testing.T, args ...string) (Report, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs lapd; not in -short")
+	}
+	wd, _ := os.Getwd()
+	if err := os.Chdir(filepath.Join(wd, "..", "..")); err != nil { // buildLapd runs from the repository root
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chdir(wd) })
+	bin, err := buildLapd(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out.json")
+	var stdout bytes.Buffer
+	err = run(context.Background(), append([]string{"-lapd", bin, "-d", "1500ms", "-warm", "300ms", "-settle", "300ms", "-json", out}, args...), &stdout, io.Discard)
+	if err != nil {
+		t.Fatalf("lapbench: %v\n%s", err, stdout.String())
+	}
+	var rep Report
+	b, _ := os.ReadFile(out)
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep, stdout.String()
 }
