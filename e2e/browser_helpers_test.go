@@ -440,3 +440,33 @@ func browserCount(events []string, name string) int {
 	}
 	return n
 }
+
+// waitWhileTicking calls wait_for_change with args and, as the human,
+// toggles task 2's checkbox every 300 ms until the call returns (the watch
+// is registered asynchronously, so one click could come too early; each
+// toggle is a change). It fails the test after 20 s.
+func waitWhileTicking(t *testing.T, tab *browserTab, mc *mcpclient.Client, args map[string]any) browserToolResult {
+	t.Helper()
+	waited := make(chan browserToolResult, 1)
+	go func() {
+		res, err := browserTryCall(mc, "wait_for_change", args)
+		if err != nil {
+			res = browserToolResult{IsError: true, Text: err.Error()}
+		}
+		waited <- res
+	}()
+	box := `document.querySelector('#board li[data-task-id="2"] input[type=checkbox]')`
+	tick := time.NewTicker(300 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case res := <-waited:
+			return res
+		case <-tick.C:
+			tab.click(box)
+		case <-deadline:
+			t.Fatal("wait_for_change did not return after the checkbox was clicked")
+		}
+	}
+}

@@ -100,30 +100,7 @@ func browserChain(t *testing.T, transport string) {
 	// 6. wait_for_change returns when the human ticks a checkbox. The watch
 	// is registered asynchronously, so the test keeps toggling (each toggle
 	// is a change) until the call returns.
-	waited := make(chan browserToolResult, 1)
-	go func() {
-		res, err := browserTryCall(mc, "wait_for_change", args("path", "/tasks", "timeoutMs", 15000))
-		if err != nil {
-			res = browserToolResult{IsError: true, Text: err.Error()}
-		}
-		waited <- res
-	}()
-	box := `document.querySelector('#board li[data-task-id="2"] input[type=checkbox]')`
-	tick := time.NewTicker(300 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(20 * time.Second)
-	var wres browserToolResult
-wait:
-	for {
-		select {
-		case wres = <-waited:
-			break wait
-		case <-tick.C:
-			tab.click(box)
-		case <-deadline:
-			t.Fatal("wait_for_change did not return after the checkbox was clicked")
-		}
-	}
+	wres := waitWhileTicking(t, tab, mc, args("path", "/tasks", "timeoutMs", 15000))
 	if wres.IsError || wres.SC["status"] != "changed" || !strings.Contains(browserJSON(wres.SC["stateAfter"]), `"tasks"`) {
 		t.Fatalf("wait_for_change: %v %s", wres.IsError, wres.Text)
 	}

@@ -83,30 +83,7 @@ func TestCluster(t *testing.T) {
 	tab.waitJS(browserTestID("feed")+`.textContent.includes('Hello from another node')`, 10*time.Second)
 
 	// wait_for_change: the human ticks a box until the long poll returns.
-	waited := make(chan browserToolResult, 1)
-	go func() {
-		res, err := browserTryCall(mc, "wait_for_change", args("path", "/tasks", "timeoutMs", 15000))
-		if err != nil {
-			res = browserToolResult{IsError: true, Text: err.Error()}
-		}
-		waited <- res
-	}()
-	box := `document.querySelector('#board li[data-task-id="2"] input[type=checkbox]')`
-	tick := time.NewTicker(300 * time.Millisecond)
-	deadline := time.After(20 * time.Second)
-	var wres browserToolResult
-wait:
-	for {
-		select {
-		case wres = <-waited:
-			break wait
-		case <-tick.C:
-			tab.click(box)
-		case <-deadline:
-			t.Fatal("wait_for_change across nodes did not return after the checkbox was clicked")
-		}
-	}
-	tick.Stop()
+	wres := waitWhileTicking(t, tab, mc, args("path", "/tasks", "timeoutMs", 15000))
 	if wres.IsError || wres.SC["status"] != "changed" {
 		t.Fatalf("wait_for_change: %v %s", wres.IsError, wres.Text)
 	}
