@@ -185,9 +185,11 @@ func unquote(q []byte) (string, bool) {
 	if len(q) < 2 || q[0] != '"' || q[len(q)-1] != '"' {
 		return "", false
 	}
-	if bytes.IndexByte(q, '\\') < 0 {
+	if bytes.IndexByte(q, '\\') < 0 && utf8.Valid(q) {
 		return string(q[1 : len(q)-1]), true
 	}
+	// Escapes, or invalid UTF-8 (which encoding/json turns into U+FFFD, as
+	// it must here too, so that the key reads the same everywhere).
 	var s string
 	if json.Unmarshal(q, &s) != nil {
 		return "", false
