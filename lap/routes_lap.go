@@ -129,19 +129,25 @@ func (o observeResp) writeTo(w http.ResponseWriter) {
 	_, _ = w.Write(buf.Bytes())
 }
 
+// release returns the reply's buffer when the response is not written.
+func (o observeResp) release() { o.reply.Release() }
+
 func routeObserve(c *call) (any, *apiError) {
-	h, ok := c.s.cfg.Registry.Hello(c.tid)
-	if !ok {
-		return nil, c.s.paused(c.ctx, c.tid)
-	}
 	// The result (the app's whole state) is read in place in the buffer it
 	// arrived in, and spliced into the response: never decoded, not copied
-	// out first.
+	// out first. The call comes first: in a cluster its reply tells this
+	// node the tab's hello generation, so the description below is the one
+	// that goes with the state.
 	start := c.rpcStart()
 	reply, err := c.s.cfg.Registry.CallReply(c.ctx, c.tid, "observe", emptyArgs, 0)
 	c.rpcDone("observe", start, err)
 	if err != nil {
 		return nil, c.rpcErr(err)
+	}
+	h, ok := c.s.cfg.Registry.Hello(c.tid)
+	if !ok {
+		reply.Release()
+		return nil, c.s.paused(c.ctx, c.tid)
 	}
 	c.audit = map[string]any{"tool": "observe"}
 	return observeResp{result: reply.Data, reply: reply, desc: c.s.descs.get(c.tid, h), health: c.s.cfg.Registry.Health(c.tid)}, nil
