@@ -176,7 +176,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if !cfg.DisableMCP {
 		var bcfg mcp.BindingsConfig
 		if s.nc != nil {
-			shared, err := openNATSBindings(ctx, s.nc, s.cluster+"_mcp")
+			shared, err := openNATSBindings(ctx, s.nc, s.cluster+"_mcp", cfg.NATSReplicas)
 			if err != nil {
 				return nil, err
 			}
