@@ -47,7 +47,7 @@ func (s *Server) openStores(ctx context.Context, cfg Config) (tokens.Store, conf
 		if cfg.TokenStore == nil {
 			ts, err := tokens.OpenNATSConfig(ctx, s.nc, tokens.NATSConfig{Bucket: s.cluster + "_tokens", Replicas: cfg.NATSReplicas})
 			if err != nil {
-				return nil, nil, fmt.Errorf("lapd: token store on NATS: %w", err)
+				return nil, nil, natsRefused(s.nc, fmt.Errorf("lapd: token store on NATS: %w", err))
 			}
 			tstore = ts
 			s.closers = append(s.closers, ts)
@@ -55,7 +55,7 @@ func (s *Server) openStores(ctx context.Context, cfg Config) (tokens.Store, conf
 		if cfg.ConfirmStore == nil {
 			cs, err := confirm.OpenNATSConfig(ctx, s.nc, confirm.NATSConfig{Bucket: s.cluster + "_confirm", Replicas: cfg.NATSReplicas})
 			if err != nil {
-				return nil, nil, fmt.Errorf("lapd: approval store on NATS: %w", err)
+				return nil, nil, natsRefused(s.nc, fmt.Errorf("lapd: approval store on NATS: %w", err))
 			}
 			cstore = cs
 		}
@@ -157,6 +157,16 @@ func (s *Server) openCluster(cfg Config) error {
 	return nil
 }
 
+// natsRefused adds to err what NATS refused this node's user, if it did: a
+// JetStream request on a subject the user may not publish to is dropped,
+// and only times out.
+func natsRefused(nc *nats.Conn, err error) error {
+	if le := nc.LastError(); errors.Is(le, nats.ErrPermissionViolation) {
+		return fmt.Errorf("%w; NATS refused this node's user: %v (docs/CLUSTER.md lists the permissions a node needs)", err, le)
+	}
+	return err
+}
+
 // keepOpen shields the caller's confirm store from confirm.Manager.Close,
 // which closes its store.
 type keepOpen struct{ confirm.Store }
@@ -194,7 +204,7 @@ func (s *Server) openAuditSinks(ctx context.Context, cfg Config) ([]audit.Sink, 
 		ns, err := audit.OpenNATSSink(ctx, s.nc, audit.NATSSinkConfig{Prefix: s.cluster, Logger: s.log, Replicas: cfg.NATSReplicas})
 		if err != nil {
 			closeSinks(sinks[len(cfg.AuditSinks):])
-			return nil, fmt.Errorf("lapd: audit stream: %w", err)
+			return nil, natsRefused(s.nc, fmt.Errorf("lapd: audit stream: %w", err))
 		}
 		sinks = append(sinks, ns)
 	}

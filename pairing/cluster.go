@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -124,10 +125,53 @@ func newCluster(r *Registry, nc *nats.Conn, prefix, node string) (*cluster, erro
 		return nil, err
 	}
 	c.tkSub = sub
+	if err := c.check(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
 	r.wg.Add(1)
 	go c.serve()
 	return c, nil
 }
+
+// check proves, before the node serves, that its NATS user may do what a
+// node does with the cluster's subjects: subscribe to a tab's subjects in
+// the queue group, request one of them, answer on _INBOX, and publish and
+// subscribe to takeover. NATS refuses a subject without permission
+// asynchronously (the connection stays up, the message is dropped), so
+// without this a node missing a permission would start and then fail on
+// the first tab that pairs with it or the first call it forwards.
+func (c *cluster) check() error {
+	tid := "probe " + c.node // not a tid: lapd's tids are UUIDs
+	sub, err := c.nc.QueueSubscribe(c.subject(tid, "*"), "owner", func(m *nats.Msg) { _ = m.Respond(okReply(nil)) })
+	if err != nil {
+		return fmt.Errorf("pairing: cluster: subscribing to the tab subjects: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	inbox := c.nc.NewInbox()
+	replies, err := c.nc.SubscribeSync(inbox)
+	if err != nil {
+		return fmt.Errorf("pairing: cluster: subscribing to an inbox: %w", err)
+	}
+	defer func() { _ = replies.Unsubscribe() }()
+	_ = c.nc.Publish(c.prefix+".takeover", []byte(c.node+" "+tid)) // the other nodes hold no such tab: a no-op
+	_ = c.nc.PublishRequest(c.subject(tid, "probe"), inbox, nil)
+	// The server answers a refused subscription or publish before the
+	// flush's PONG; a refused reply arrives later, in place of the reply.
+	err = c.nc.FlushTimeout(5 * time.Second)
+	if err == nil && !refused(c.nc) {
+		_, err = replies.NextMsg(5 * time.Second)
+	}
+	if refused(c.nc) {
+		return fmt.Errorf("pairing: cluster: NATS refused this node's user a subject a node needs (%v); docs/CLUSTER.md lists the permissions", c.nc.LastError())
+	}
+	if err != nil {
+		return fmt.Errorf("pairing: cluster: a request to this node's own tab subjects did not come back (%w); check the NATS user's permissions (docs/CLUSTER.md)", err)
+	}
+	return nil
+}
+
+func refused(nc *nats.Conn) bool { return errors.Is(nc.LastError(), nats.ErrPermissionViolation) }
 
 func (c *cluster) subject(tid, op string) string {
 	return c.prefix + ".tab." + kvrep.Key(tid) + "." + op
