@@ -767,8 +767,10 @@ func (c *cluster) handle(m *nats.Msg) {
 		b, _ := json.Marshal(r.Health(tid))
 		respond(b, nil)
 	case "call":
-		res, err := r.Call(ctx, tid, req.Tool, req.Args, time.Duration(req.TimeoutMs)*time.Millisecond)
-		respond(res, err)
+		// The answer is copied once, from the read buffer into the reply.
+		res, err := r.CallReply(ctx, tid, req.Tool, req.Args, time.Duration(req.TimeoutMs)*time.Millisecond)
+		respond(res.Data, err)
+		res.Release()
 	case "watch":
 		res, err := r.Watch(ctx, tid, req.Path)
 		respond(res, err)
