@@ -563,8 +563,15 @@ type admitReply struct {
 	Health  Health `json:"health"`
 }
 
+// admitTimeout bounds an admit: the caller's context may have no deadline
+// (an HTTP request), and an owner that stops between taking the request
+// and answering it would otherwise leave the caller waiting for ever.
+const admitTimeout = 5 * time.Second
+
 // admit asks the owner whether tid is paired and may make a call now.
 func (c *cluster) admit(ctx context.Context, tid string) (paired bool, retryMs int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
+	defer cancel()
 	b, err := c.request(ctx, tid, "admit", nil)
 	if errors.Is(err, ErrPaused) {
 		return false, 0, nil

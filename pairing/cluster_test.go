@@ -1,12 +1,15 @@
 package pairing
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/internal/natstest"
@@ -299,5 +302,37 @@ func TestClusterDeferredAdmit(t *testing.T) {
 	asked.Store(0)
 	if paired, retry, err := b.reg.SettleAdmit(ctx, tid); !paired || retry != 1500 || err != nil || asked.Load() != 1 {
 		t.Fatalf("SettleAdmit without a call = %v %v %v (owner asked %d times)", paired, retry, err, asked.Load())
+	}
+}
+
+// An owner that takes an admit and never answers (it stopped in between)
+// does not leave the gate waiting for ever when the caller's context has
+// no deadline, as an HTTP request's has not: the admit fails after
+// admitTimeout, and the gate answers paused.
+func TestClusterAdmitBounded(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2)
+	a, b := es[0], es[1]
+	_, tid := a.mint("u")
+	sub, err := a.reg.cl.nc.QueueSubscribe(a.reg.cl.subject(tid, "*"), "owner", func(*nats.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := a.reg.cl.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := b.reg.Admit(context.Background(), tid)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Admit of a tab whose owner never answers = %v, want the admit's deadline", err)
+		}
+	case <-time.After(admitTimeout + 10*time.Second):
+		t.Fatal("Admit is still waiting for an owner that never answers")
 	}
 }
