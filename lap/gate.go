@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/jsonscan"
 	"github.com/lapd-dev/lapd/pairing"
 	"github.com/lapd-dev/lapd/tokens"
 )
@@ -213,7 +214,7 @@ func BearerToken(h string) (string, bool) {
 // checkJSON refuses a body that is not valid JSON (400 invalid). An empty
 // body passes: every route's fields are optional or checked by the route.
 func checkJSON(b []byte) *apiError {
-	if t := trimSpace(b); len(t) > 0 && !json.Valid(t) {
+	if t := trimSpace(b); len(t) > 0 && !jsonscan.Valid(t) { // json.Valid's answer, in one faster pass
 		return errf(http.StatusBadRequest, CodeInvalid, "the body is not valid JSON; send a JSON object such as {}")
 	}
 	return nil
