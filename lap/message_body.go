@@ -134,21 +134,40 @@ func (b *messageBody) sendArgs(key string, ttl time.Duration) ([]byte, error) {
 
 // appendRawJSON appends v as json.Marshal writes a json.RawMessage: null
 // when empty, else compacted with <, >, &, U+2028 and U+2029 escaped. v
-// without white space or those bytes is copied as it is (it comes from a
-// body the gate found valid).
+// that is compact already and holds none of those is copied as it is (it
+// comes from a body the gate found valid).
 func appendRawJSON(out, v []byte) ([]byte, error) {
 	if len(v) == 0 {
 		return append(out, "null"...), nil
 	}
-	for _, c := range v {
-		switch c {
-		case ' ', '\t', '\n', '\r', '<', '>', '&', 0xE2: // 0xE2 leads U+2028 and U+2029
-			mb, err := json.Marshal(json.RawMessage(v))
-			if err != nil {
-				return out, err
-			}
-			return append(out, mb...), nil
+	if !compactSafe(v) {
+		mb, err := json.Marshal(json.RawMessage(v))
+		if err != nil {
+			return out, err
 		}
+		return append(out, mb...), nil
 	}
 	return append(out, v...), nil
+}
+
+// compactSafe reports whether valid JSON v has no white space outside its
+// strings and no byte json.Marshal would escape (<, >, &, and 0xE2, which
+// leads U+2028 and U+2029).
+func compactSafe(v []byte) bool {
+	in := false
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; c {
+		case '<', '>', '&', 0xE2:
+			return false
+		case '\\':
+			i++ // in a string: the escaped byte is ASCII and not a quote that ends it
+		case '"':
+			in = !in
+		case ' ', '\t', '\n', '\r':
+			if !in {
+				return false
+			}
+		}
+	}
+	return true
 }

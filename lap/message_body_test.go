@@ -57,6 +57,7 @@ var messageBodySeeds = []string{
 	`{"ms\u017fg":{"type":"long s"},"idempotency\u212aey":"kelvin"}`,
 	"{\"msg\":{\"type\":\"a\",\"t\":\"\xe2\x80\xa8\"},\"reason\":\"\xe2\x82\xac\"}",
 	`{"msg":{"type":"a"},"other":[1,{"x":null}],"includeState":{"deep":[true,false]}}`,
+	`{"msg":{"type":"a","t":"x\" y","u":"\\"},"reason":"a\\ b","waitFor":[1, 2],"timeoutMs" :1}`,
 	`{"msg":{"type":"a"}`, `{"msg":1,}`, "{\"msg\":\"\xff\"}",
 }
 
