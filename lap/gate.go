@@ -28,6 +28,11 @@ type call struct {
 	tid   string
 	body  []byte         // nil when absent; may be invalid JSON (treated as null)
 	audit map[string]any // lap-call detail on success
+	// send: a /message, whose lap-call detail is {tool: send_message,
+	// variant: sendVariant}, made only when the route audited no outcome
+	// (an idempotent replay): most /message calls audit their outcome.
+	send        bool
+	sendVariant string
 	// outcome: the route audited the call's outcome itself (msg-dispatched,
 	// msg-blocked, confirm-proposed…), so finish writes no lap-call: one
 	// entry per call.
@@ -186,6 +191,9 @@ func (c *call) finish() {
 		return // the route's outcome entry (msg-dispatched, …) is this call's entry
 	}
 	d := c.audit
+	if d == nil && c.send {
+		d = map[string]any{"tool": "send_message", "variant": c.sendVariant}
+	}
 	if d == nil {
 		d = map[string]any{"path": c.s.cfg.BasePath + c.route}
 	}

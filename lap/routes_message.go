@@ -91,7 +91,7 @@ func routeMessage(c *call) (any, *apiError) {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, "idempotencyKey must be a string of at most 200 characters")
 	}
 	reason, _ := optString(b.Reason)
-	c.audit = map[string]any{"tool": "send_message", "variant": variant}
+	c.send, c.sendVariant = true, variant
 	run := func() (any, *apiError) { return c.message(&b, sm, reason, key) }
 	if key == "" {
 		return run()
