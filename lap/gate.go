@@ -153,7 +153,7 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 	}
 	// 6. body through a limit (covers chunked bodies)
 	if c.r.Body != nil && c.r.Body != http.NoBody {
-		b, err := io.ReadAll(io.LimitReader(c.r.Body, s.cfg.MaxBody+1))
+		b, err := readBody(c.r.Body, c.r.ContentLength, s.cfg.MaxBody)
 		if err != nil {
 			return nil, bodyReadError(err)
 		}
@@ -208,6 +208,32 @@ func (c *call) auditOutcome(event string, detail map[string]any) {
 }
 
 var activeFrame = json.RawMessage(`{"t":"active"}`)
+
+// readBody reads r to its end, or to limit+1 bytes (a body over the limit),
+// as io.ReadAll(io.LimitReader(r, limit+1)) does, into a buffer of the
+// declared size when there is one (one allocation, not a LimitReader and a
+// growing buffer).
+func readBody(r io.Reader, declared, limit int64) ([]byte, error) {
+	size := int64(512)
+	if declared >= 0 && declared <= limit {
+		size = declared + 1 // room to read the EOF without growing
+	}
+	b := make([]byte, 0, size)
+	lr := io.LimitedReader{R: r, N: limit + 1}
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := lr.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+}
 
 // BearerToken returns the credentials of an "Authorization: Bearer <token>"
 // header value; the scheme is matched case-insensitively (RFC 7235).
