@@ -375,7 +375,7 @@ func (p *Policy) CheckSplit(name string, payload json.RawMessage) *Rejection {
 	if v.schema == nil {
 		return nil
 	}
-	obj, err := jsonschema.UnmarshalJSON(bytes.NewReader(payload))
+	obj, err := decodePayload(payload)
 	if err != nil {
 		return reject(ReasonInvalid, "msg is not valid JSON")
 	}
