@@ -128,7 +128,7 @@ func (c *call) message(b *messageBody, sm splitMsg, reason, key string) (any, *a
 	jsonscan.Object(res, func(k, v []byte) {
 		switch string(k) {
 		case "status":
-			out.Status, _ = jsonscan.String(v)
+			out.Status = tabStatus(v)
 		case "confirmId":
 			out.ConfirmID, _ = jsonscan.String(v)
 		}
@@ -257,4 +257,19 @@ func routeWouldDispatch(c *call) (any, *apiError) {
 		return nil, ae
 	}
 	return res, nil
+}
+
+// tabStatus reads a send_message result's status; the usual ones without
+// allocating.
+func tabStatus(v []byte) string {
+	switch string(v) {
+	case `"dispatched"`:
+		return "dispatched"
+	case `"rejected"`:
+		return "rejected"
+	case `"pending-confirmation"`:
+		return "pending-confirmation"
+	}
+	s, _ := jsonscan.String(v)
+	return s
 }
