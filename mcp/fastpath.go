@@ -133,8 +133,9 @@ type responseTemplate struct {
 // fastResult carries a result's structuredContent bytes from finish to the
 // fast path's writer.
 type fastResult struct {
-	res mcpgo.CallToolResult // what finish returns in its place
-	sc  []byte
+	res     mcpgo.CallToolResult // what finish returns in its place
+	sc      []byte
+	scratch *respBuf // renderBuf's pooled buffer (sc may alias it), released by run
 }
 
 type fastKey struct{}
@@ -481,6 +482,11 @@ func (f *fastPath) run(w http.ResponseWriter, r *http.Request, c fastCall) {
 	defer f.inflight.Delete(key)
 	fr := &fastResult{}
 	ctx = context.WithValue(ctx, fastKey{}, fr)
+	defer func() {
+		if fr.scratch != nil {
+			putRespBuf(fr.scratch)
+		}
+	}()
 
 	res, err := f.call(ctx, c)
 

@@ -2,9 +2,11 @@ package mcp
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func keys(ms []member) []string {
@@ -249,5 +251,37 @@ func FuzzAppendJSONString(f *testing.F) {
 		if !json.Valid(appendJSONString(nil, []byte(s))) {
 			t.Fatalf("%q: the []byte form is not valid JSON", s)
 		}
+		if ref := refJSONString(s); string(ours) != ref || string(appendJSONString([]byte("x"), []byte(s))) != "x"+ref {
+			t.Fatalf("%q: encoded as %q, want %q", s, ours, ref)
+		}
 	})
+}
+
+// refJSONString is the escaping appendJSONString promises, rune by rune:
+// what a model reads (the text copy of a result) must not change with it.
+func refJSONString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == '"' || r == '\\':
+			b.WriteString(`\` + string(r))
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x20 || r == '\u2028' || r == '\u2029':
+			fmt.Fprintf(&b, `\u%04x`, r)
+		case r == utf8.RuneError && size == 1:
+			b.WriteString(`\ufffd`)
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	b.WriteByte('"')
+	return b.String()
 }

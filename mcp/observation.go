@@ -78,7 +78,8 @@ func (e *Executor) renderObservation(o *objw, ob observation, first bool) (omitt
 	}
 	switch {
 	case ob.leanOK:
-		o.raw("actions", encodeActions(nil, ob.lean))
+		o.key("actions")
+		o.b = encodeActions(o.b, ob.lean)
 	case ob.actions != nil:
 		o.raw("actions", ob.actions)
 	}
