@@ -128,6 +128,9 @@ func members(b []byte) (out []member, ok bool) {
 		if !ok {
 			return nil, false
 		}
+		if out == nil {
+			out = make([]member, 0, 8) // the objects read here have a few members
+		}
 		out = append(out, member{key, b[i:j]})
 		i = skipWS(b, j)
 		if i >= len(b) {
@@ -186,6 +189,9 @@ func unquote(q []byte) (string, bool) {
 	if len(q) < 2 || q[0] != '"' || q[len(q)-1] != '"' {
 		return "", false
 	}
+	if k, ok := knownKeys[string(q[1:len(q)-1])]; ok {
+		return k, true
+	}
 	if bytes.IndexByte(q, '\\') < 0 && utf8.Valid(q) {
 		return string(q[1 : len(q)-1]), true
 	}
@@ -197,6 +203,22 @@ func unquote(q []byte) (string, bool) {
 	}
 	return s, true
 }
+
+// knownKeys are the keys of LAP bodies this package reads, shared rather
+// than allocated for every member of every observation.
+var knownKeys = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{
+		"state", "actions", "description", "context", "health", "name", "version", "schemaHash",
+		"docs", "stateSchema", "messages", "variant", "intent", "source", "requiresConfirm",
+		"dispatchMode", "payloadHint", "fieldHints", "available", "unavailableReason",
+		"selectorHint", "warning", "examples", "emits", "type", "path", "hint", "summary", "hints",
+		"connected", "visible", "status", "stateDiff", "drain", "op", "value", "from",
+	} {
+		m[k] = k
+	}
+	return m
+}()
 
 // get returns the value of key in ms (nil when absent).
 func get(ms []member, key string) []byte {
