@@ -491,17 +491,57 @@ func parseParams(params []byte, p *mcpgo.CallToolParams) bool {
 	}
 	var q mcpgo.CallToolParams
 	q.Name = nm
-	if meta != nil && json.Unmarshal(meta, &q.Meta) != nil {
-		return false
+	if meta != nil && string(meta) != "null" {
+		// (*mcpgo.Meta).UnmarshalJSON: the object as a map, its
+		// progressToken taken out
+		raw, ok := decodeAny(meta)
+		m, isObj := raw.(map[string]any)
+		if !ok || !isObj {
+			return false
+		}
+		q.Meta = &mcpgo.Meta{ProgressToken: m["progressToken"], AdditionalFields: m}
+		delete(m, "progressToken")
 	}
 	if args != nil {
 		q.RawArguments = append(json.RawMessage(nil), args...)
-		if json.Unmarshal(args, &q.Arguments) != nil {
+		var ok bool
+		if q.Arguments, ok = decodeAny(args); !ok {
 			return false
 		}
 	}
 	*p = q
 	return true
+}
+
+// decodeAny decodes v (valid JSON) as encoding/json decodes it into an
+// any: objects into map[string]any (the last of a repeated key wins),
+// strings as they read (invalid UTF-8 as U+FFFD), numbers as float64;
+// arrays go through encoding/json itself.
+func decodeAny(v []byte) (any, bool) {
+	if len(v) == 0 {
+		return nil, false
+	}
+	switch c := v[0]; {
+	case c == '{':
+		m := map[string]any{}
+		ok := true
+		jsonscan.Object(v, func(k, x []byte) {
+			val, vok := decodeAny(x)
+			ok = ok && vok
+			m[string(k)] = val
+		})
+		return m, ok
+	case c == '"':
+		return jsonscan.String(v)
+	case c == 't' || c == 'f':
+		return jsonscan.Bool(v)
+	case c == 'n':
+		return nil, string(v) == "null"
+	case c == '-' || (c >= '0' && c <= '9'):
+		return jsonscan.Float(v)
+	}
+	var x any
+	return x, json.Unmarshal(v, &x) == nil
 }
 
 // accept decides whether the fast path takes r; it writes nothing.
