@@ -285,3 +285,27 @@ func refJSONString(s string) string {
 	b.WriteByte('"')
 	return b.String()
 }
+
+// objw.compact writes what compactObject renders, after other members or
+// none, and nothing when compactObject has nothing.
+func TestObjwCompact(t *testing.T) {
+	for _, v := range []string{``, `null`, `{}`, `{"a":null,"b":""}`, `{"a":1,"b":null,"c":[],"d":{"e":null}}`, `"text"`, `[1]`, `[]`, `{"k\u00e9":"v"}`} {
+		for _, before := range []bool{false, true} {
+			want := newObj(nil)
+			got := newObj(nil)
+			if before {
+				want.int("x", 1)
+				got.int("x", 1)
+			}
+			if c := compactObject([]byte(v)); c != nil {
+				want.raw("docs", c)
+			}
+			got.compact("docs", []byte(v))
+			got.str("after", "y")
+			want.str("after", "y")
+			if w, g := want.close(), got.close(); string(w) != string(g) {
+				t.Errorf("compact(%s), before=%v: %s, want %s", v, before, g, w)
+			}
+		}
+	}
+}
