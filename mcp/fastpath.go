@@ -38,7 +38,9 @@ import (
 //
 //   - Content-Type application/json; a JSON object with exactly the members
 //     jsonrpc ("2.0"), id (a string or a number), method ("tools/call") and
-//     params, each once; params decoded by mcp-go's own CallToolParams, with
+//     params, each once; params decoded as mcp-go's CallToolParams decodes
+//     them (read from their parts when they have the usual shape, by
+//     CallToolParams itself otherwise; FuzzParseToolCall compares), with
 //     a tool lapd serves, no task, no multi-round-trip answers and no
 //     progress token (progress is sent as SSE events: mcp-go's job);
 //   - modern (2026-07-28): the checks mcp-go makes, with its exported
