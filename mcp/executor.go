@@ -428,14 +428,40 @@ func (e *Executor) call(ctx context.Context, b Binding, route string, body any, 
 // the start: send_message's budget includes the time a human may take to
 // approve, which is no reason to wait longer for a rate limit.
 func (e *Executor) callRetryWithin(ctx context.Context, b Binding, route string, body any, budget, retryWithin time.Duration, p *progress) (json.RawMessage, error) {
+	raw, _, err := e.attempts(ctx, b, route, body, budget, retryWithin, p, false)
+	return raw, err
+}
+
+// callLent is call that lets a lap.Lender client lend the response body
+// (lap.InProcessClient: /agent/mcp) instead of allocating it. A non-nil
+// lease comes only with a success, and the caller releases it once nothing
+// refers to raw any more: see observe, its one caller.
+func (e *Executor) callLent(ctx context.Context, b Binding, route string, body any, budget time.Duration, p *progress) (json.RawMessage, lap.Lease, error) {
+	return e.attempts(ctx, b, route, body, budget, budget, p, true)
+}
+
+// attempts is call and callLent: lend asks a lap.Lender client to lend the
+// body of a success.
+func (e *Executor) attempts(ctx context.Context, b Binding, route string, body any, budget, retryWithin time.Duration, p *progress, lend bool) (json.RawMessage, lap.Lease, error) {
+	var lender lap.Lender
+	if lend {
+		lender, _ = e.client.(lap.Lender)
+	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 	for attempt := 0; ; attempt++ {
-		raw, err := e.client.Call(ctx, b.Base, b.Token, route, body)
+		var raw json.RawMessage
+		var lease lap.Lease
+		var err error
+		if lender != nil {
+			raw, lease, err = lender.CallLent(ctx, b.Base, b.Token, route, body)
+		} else {
+			raw, err = e.client.Call(ctx, b.Base, b.Token, route, body)
+		}
 		if err == nil {
-			return raw, nil
+			return raw, lease, nil
 		}
 		var le *lap.Error
 		if !errors.As(err, &le) {
@@ -443,20 +469,20 @@ func (e *Executor) callRetryWithin(ctx context.Context, b Binding, route string,
 		}
 		if ctx.Err() != nil {
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) && context.Cause(ctx) != nil {
-				return nil, &toolError{Code: CodeNetwork, Detail: fmt.Sprintf("timed out after %d ms", budget.Milliseconds()),
+				return nil, nil, &toolError{Code: CodeNetwork, Detail: fmt.Sprintf("timed out after %d ms", budget.Milliseconds()),
 					Hint: "lapd did not answer within the call's budget; call observe to see whether it took effect, then retry (with the same idempotencyKey for send_message)."}
 			}
-			return nil, le
+			return nil, nil, le
 		}
 		wait, why, ok := retryable(le)
 		if !ok || attempt >= e.cfg.MaxRetries || time.Until(deadline) < wait || time.Since(start)+wait > retryWithin {
-			return nil, le
+			return nil, nil, le
 		}
 		e.log.Debug("mcp: retrying LAP call", "route", route, "code", le.Code, "wait", wait, "attempt", attempt+1)
 		p.Set(fmt.Sprintf("%s; retrying in %d s…", why, seconds(wait)))
 		select {
 		case <-ctx.Done():
-			return nil, le
+			return nil, nil, le
 		case <-e.cfg.After(wait):
 		}
 	}
@@ -624,29 +650,14 @@ func (e *Executor) forward(ctx context.Context, d toolDef, a args, b Binding, p 
 	if len(body) == 0 {
 		reqBody = nil
 	}
+	if d.name == "observe" {
+		return e.observe(ctx, d, a, b, reqBody, p)
+	}
 	raw, err := e.call(ctx, b, d.route, reqBody, e.budget(d, a), p)
 	if err != nil {
 		return nil, fromLAP(err, b.Base)
 	}
 	switch d.name {
-	case "observe":
-		ob, ok := parseObservation(raw, b)
-		if !ok {
-			return nil, errUnexpected
-		}
-		o := newObj(renderBuf(ctx, len(raw)+512))
-		if a.verbose() {
-			withFields(o, raw)
-		} else {
-			ob.writeApp(o)
-			e.renderObservation(o, ob, false)
-		}
-		e.remember(b.Handle, ob)
-		if e.noteSchema(b, ob.name, ob.schemaHash) {
-			o.bool("schemaChanged", true)
-			o.str("schemaChangedNote", "The app's actions or state schema changed since you last looked (the app was updated or navigated). Use the actions and docs in this result; earlier ones may be stale.")
-		}
-		return result(o.close()), nil
 	case "describe_app":
 		if ms, ok := members(raw); ok {
 			e.noteSchema(b, jstr(get(ms, "name")), jstr(get(ms, "schemaHash")))
@@ -679,6 +690,41 @@ func (e *Executor) forward(ctx context.Context, d toolDef, a args, b Binding, p 
 		}
 	}
 	return result(raw), nil // pass through untouched
+}
+
+// observe runs the observe tool. Its LAP body is only read here: the
+// result is rendered into a buffer of its own (renderBuf), and what the
+// binding keeps of it is copied (remember: bytes.Clone of the raw messages
+// and actions, action entries encoded anew, strings; noteSchema: strings),
+// so the body is lent (callLent) and given back on return. Keep it that
+// way: a sub-slice of raw that outlives this call (in the result, an error,
+// a log line, the binding) would read a buffer another call is writing.
+// TestObserveLentBodyIsNotKept checks it.
+func (e *Executor) observe(ctx context.Context, d toolDef, a args, b Binding, reqBody any, p *progress) (*mcpgo.CallToolResult, error) {
+	raw, lease, err := e.callLent(ctx, b, d.route, reqBody, e.budget(d, a), p)
+	if err != nil {
+		return nil, fromLAP(err, b.Base)
+	}
+	if lease != nil {
+		defer lease.Release()
+	}
+	ob, ok := parseObservation(raw, b)
+	if !ok {
+		return nil, errUnexpected
+	}
+	o := newObj(renderBuf(ctx, len(raw)+512))
+	if a.verbose() {
+		withFields(o, raw)
+	} else {
+		ob.writeApp(o)
+		e.renderObservation(o, ob, false)
+	}
+	e.remember(b.Handle, ob)
+	if e.noteSchema(b, ob.name, ob.schemaHash) {
+		o.bool("schemaChanged", true)
+		o.str("schemaChangedNote", "The app's actions or state schema changed since you last looked (the app was updated or navigated). Use the actions and docs in this result; earlier ones may be stale.")
+	}
+	return result(o.close()), nil
 }
 
 // noteSchema records the schema hash (and app name) and reports a change.
