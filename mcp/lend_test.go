@@ -35,19 +35,19 @@ func (s *tokenLAP) Call(_ context.Context, _, token, route string, _ any) (json.
 	s.n[token+route]++
 	n := s.n[token+route]
 	s.mu.Unlock()
-	actions, hash := twoActions, "h1"
+	actions, hash, extra := twoActions, "h1", ""
 	if n >= 4 {
 		actions = threeActions
 	}
-	if n >= 5 {
-		hash = "h2"
+	if n >= 5 { // the app changed: new messages too
+		hash, extra = "h2", `,"rename":{"title":"string","id":"number"}`
 	}
 	switch route {
 	case "/observe":
 		return json.RawMessage(`{"state":{"owner":"` + token + `","n":` + fmt.Sprint(n) + `,"todos":[{"title":"a \"quoted\" \u00e9 <b>\n","done":false}],"pad":"` + strings.Repeat("x", 2000) + `"},` +
 			`"actions":` + actions + `,` +
 			`"description":{"name":"Todo","version":"1","schemaHash":"` + hash + `","docs":{"use":"add then clear","empty":""},` +
-			`"messages":{"discriminant":"type","variants":{"addTodo":{"title":"string"},"clearAll":{},"undo":{}}}},` +
+			`"messages":{"discriminant":"type","variants":{"addTodo":{"title":"string"},"clearAll":{},"undo":{}` + extra + `}}},` +
 			`"context":{"page":"/list","none":null},"health":{"connected":true,"visible":true},"notice":"hello"}`), nil
 	case "/message":
 		return dispatched(`[{"op":"replace","path":"/n","value":`+fmt.Sprint(n)+`}]`, actions), nil
