@@ -760,7 +760,7 @@ func (r *Registry) call(ctx context.Context, tid, tool string, args any, timeout
 		return callResult{err: err}
 	}
 	sent := true
-	if err := c.enqueue(frame); err != nil {
+	if err := c.send(frame, true); err != nil { // written here when no writer runs
 		// The socket went away between await and enqueue: its close (or a
 		// successor) retires the call; if nobody has yet, we do.
 		if s.retire(&s.calls, id, callResult{err: ErrPaused}) {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -65,7 +64,8 @@ type conn struct {
 	kicked   bool          // the registry loop ended that wait: the tab is idle (guarded by mu)
 
 	in      inbound       // the socket's inbound frame and byte rates (kept across parks)
-	br      *bufio.Reader // the socket's read buffer (from Hijack), for parking
+	sock    sock          // what the library reads and closes (see sock)
+	br      *bufio.Reader // the library's read buffer over sock (from Hijack), for parking
 	closeMu sync.Mutex    // held around ws.Close, whose handshake reads br too
 	fd      int           // the socket's file descriptor (-1 = unknown: never parked)
 	parkID  int32         // non-zero while parked (guarded by Registry.park.mu)
@@ -76,23 +76,22 @@ type conn struct {
 // closeGrace bounds a server-initiated close handshake.
 const closeGrace = time.Second
 
-// hijackRecorder keeps the net.Conn that websocket.Accept hijacks, and
-// hands the library small buffers: net/http gives the hijacker its 4 KiB
-// read buffer and a fresh 4 KiB write buffer, which an idle tab would keep
-// for its whole life (8 KiB of its memory). Frames larger than a buffer are
-// read and written past it, so only small frames go through them.
+// hijackRecorder hands the WebSocket library the accepted socket as c.sock
+// (reads through a pooled buffer held only while bytes wait, see sock), a
+// bufio.Reader of sockPeekSize over it and a small write buffer: net/http
+// gives the hijacker its 4 KiB read buffer and a fresh 4 KiB write buffer,
+// which an idle tab would keep for its whole life. Frames larger than the
+// write buffer are written past it.
 type hijackRecorder struct {
 	http.ResponseWriter
+	c  *conn
 	nc net.Conn
 	br *bufio.Reader
 }
 
-// Buffer sizes of an accepted socket: a ping, a log-append or an rpc frame
-// fits in one read or write.
-const (
-	readBufSize  = 512
-	writeBufSize = 256
-)
+// writeBufSize is an accepted socket's write buffer: an rpc frame or a pong
+// fits in one write.
+const writeBufSize = 256
 
 func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	nc, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
@@ -100,22 +99,18 @@ func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nc, brw, err
 	}
 	h.nc = nc
-	br := bufio.NewReaderSize(nc, readBufSize)
+	// Bytes the client sent right after its request (its first frames)
+	// were read by net/http: they are read first.
+	var early []byte
 	if n := brw.Reader.Buffered(); n > 0 {
-		// Bytes the client sent right after its request (its first frames)
-		// must stay buffered: websocket.Accept keeps what the reader it
-		// gets has buffered and reads the rest from the connection.
-		early, _ := brw.Reader.Peek(n)
-		br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(early)), nc), max(readBufSize, n))
-		if _, err := br.Peek(n); err != nil {
-			return nc, brw, err
-		}
+		early, _ = brw.Reader.Peek(n)
 	}
+	h.c.sock.init(nc, early)
 	if err := brw.Writer.Flush(); err != nil {
 		return nc, brw, err
 	}
-	h.br = br
-	return nc, bufio.NewReadWriter(br, bufio.NewWriterSize(nc, writeBufSize)), nil
+	h.br = bufio.NewReaderSize(&h.c.sock, sockPeekSize)
+	return &h.c.sock, bufio.NewReadWriter(h.br, bufio.NewWriterSize(nc, writeBufSize)), nil
 }
 
 // refuse writes the JSON error envelope and audits the refusal.
@@ -291,7 +286,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 
 	c := &conn{r: r, s: s, tab: rec.TabHash != ""}
-	hr := &hijackRecorder{ResponseWriter: w}
+	hr := &hijackRecorder{ResponseWriter: w, c: c}
 	ws, err := websocket.Accept(hr, req, &websocket.AcceptOptions{
 		Subprotocols: []string{Subprotocol},
 		// The Origin check was done above (allowlist or same-origin, with
@@ -505,6 +500,7 @@ func (r *Registry) connGone(c *conn, readErr error) {
 	code := c.code
 	c.mu.Unlock()
 	c.ws.CloseNow()
+	c.sock.release()
 
 	r.mu.Lock()
 	s := c.s
@@ -584,7 +580,15 @@ func (r *Registry) trimClosedLocked() {
 }
 
 // enqueue queues b for the writer; a full queue closes the socket with 4008.
-func (c *conn) enqueue(b []byte) error {
+func (c *conn) enqueue(b []byte) error { return c.send(b, false) }
+
+// send queues b for the writer, or, with inline and no writer running,
+// writes it on the caller's goroutine and then drains what others queued
+// meanwhile: a call's rpc frame goes out without a goroutine hand-off (the
+// caller waits for the reply anyway). Either way one writer at a time
+// writes, each write bounded by WriteTimeout; a full queue closes the socket
+// with 4008. The reader never writes inline: it must keep reading.
+func (c *conn) send(b []byte, inline bool) error {
 	c.mu.Lock()
 	if c.closing || c.gone {
 		c.mu.Unlock()
@@ -597,18 +601,26 @@ func (c *conn) enqueue(b []byte) error {
 		return ErrPaused
 	}
 	c.q = append(c.q, b)
-	if !c.writing {
-		c.writing = true
-		c.wdone = make(chan struct{})
-		c.r.wg.Add(1) // legal: the live reader holds a count (c.gone is false)
-		go c.writeLoop(c.wdone)
+	if c.writing {
+		c.mu.Unlock()
+		return nil
 	}
+	c.writing = true
+	done := make(chan struct{})
+	c.wdone = done
+	c.r.wg.Add(1) // legal: the live reader holds a count (c.gone is false)
 	c.mu.Unlock()
+	if inline {
+		c.writeLoop(done)
+	} else {
+		go c.writeLoop(done)
+	}
 	return nil
 }
 
-// writeLoop drains the queue and exits when it is empty (or the socket is
-// closing: close writes what is left after this writer's batch).
+// writeLoop drains the queue and returns when it is empty (or the socket is
+// closing: close writes what is left after this writer's batch). It runs on
+// its own goroutine or inline in send.
 func (c *conn) writeLoop(done chan struct{}) {
 	defer c.r.wg.Done()
 	defer close(done)
@@ -821,13 +833,14 @@ var errFrameTooBig = errors.New("pairing: inbound frame over MaxFrame")
 
 // readLoop reads frames until the socket ends and returns why it ended.
 //
-// Idle, it waits for the next byte in waitReadable, called from this small
+// Idle, it waits for the next bytes in sock.wait, called from this small
 // frame, rather than deep inside the WebSocket library's reader: an idle
 // tab's goroutine then uses little of its stack, which the runtime shrinks
-// (to 4 KiB; see docs/PERFORMANCE.md).
+// (to 4 KiB; see docs/PERFORMANCE.md). The wait reads what arrived (a reply
+// and the log-append behind it, often) in one system call.
 func (c *conn) readLoop() error {
 	for {
-		if c.bufferEmpty() && c.waitIdle() && c.r.park.park(c) {
+		if c.bufferEmpty() && c.waitIdle() && c.bufferEmpty() && c.r.park.park(c) {
 			return errParked
 		}
 		if err := c.readFrame(); err != nil {
@@ -838,20 +851,22 @@ func (c *conn) readLoop() error {
 	}
 }
 
-// bufferEmpty reports whether no byte waits in the read buffer (only then
-// may the reader wait on the socket itself). While lapd closes the socket
-// the library's close handshake reads the buffer: then it waits for that.
+// bufferEmpty reports whether no byte waits in the read buffers (only then
+// may the reader wait on the socket itself, or park it). While lapd closes
+// the socket the library's close handshake reads the buffer: then it waits
+// for that.
 func (c *conn) bufferEmpty() bool {
 	if c.br == nil {
 		return false
 	}
 	c.closeMu.Lock()
 	defer c.closeMu.Unlock()
-	return c.br.Buffered() == 0
+	return c.br.Buffered() == 0 && c.sock.buffered() == 0
 }
 
-// waitIdle waits until the socket has something to read; true means the
-// registry loop found the tab idle meanwhile (kick), so it may be parked.
+// waitIdle waits until the socket has something to read (and has read
+// it); true means the registry loop found the tab idle meanwhile (kick), so
+// it may be parked if nothing was read.
 func (c *conn) waitIdle() bool {
 	c.mu.Lock()
 	if c.closing || c.gone {
@@ -860,7 +875,7 @@ func (c *conn) waitIdle() bool {
 	}
 	c.inWait = true
 	c.mu.Unlock()
-	waitReadable(c.nc)
+	c.sock.wait()
 	c.mu.Lock()
 	c.inWait = false
 	kicked := c.kicked
