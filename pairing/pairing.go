@@ -203,6 +203,8 @@ type Stats struct {
 	FramesIn, FramesOut int64 // WebSocket messages read from and written to tabs
 	BytesIn, BytesOut   int64 // their payload bytes
 
+	MemoryReleases int64 // garbage of a burst of pairings returned to the OS once it was over (release.go)
+
 	Cluster ClusterStats // forwarding to and from other nodes (Config.Cluster)
 }
 
@@ -277,6 +279,7 @@ type Registry struct {
 	hooks  atomic.Pointer[Hooks]
 	hellos helloTable
 	park   parker
+	rel    releaser
 
 	// testHookConnect, set by a test before serving, runs in connect
 	// after a successful upgrade, before the token record moves.
@@ -388,6 +391,7 @@ func New(cfg Config) (*Registry, error) {
 	}
 	r := &Registry{cfg: cfg, sessions: map[string]*session{}, closed: list.New(), stop: make(chan struct{})}
 	r.park.init(r)
+	r.rel.init()
 	h := cfg.Hooks
 	r.hooks.Store(&h)
 	if cfg.Cluster != nil {
@@ -496,6 +500,7 @@ func (r *Registry) Stats() Stats {
 		FramesOut:           r.framesOut.Load(),
 		BytesIn:             r.bytesIn.Load(),
 		BytesOut:            r.bytesOut.Load(),
+		MemoryReleases:      r.rel.releases.Load(),
 		Cluster:             r.clusterStats(),
 	}
 }

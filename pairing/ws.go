@@ -471,6 +471,7 @@ func (r *Registry) register(s *session, c *conn) (*conn, bool) {
 	s.accepts++
 	s.connectedAt, s.lastHB = now, now
 	s.mu.Unlock()
+	r.rel.accepted.Add(1)
 	if !r.loopOn {
 		r.loopOn = true
 		r.wg.Add(1)
@@ -725,8 +726,9 @@ func (c *conn) heartbeat(app bool) {
 }
 
 // loop is the registry-wide heartbeat, park and sweep loop: every tick
-// (a third of PingInterval, at most parkAfter) it trims closed sessions and
-// kicks idle readers so they park; every PingInterval it pings. It exits on
+// (a third of PingInterval, at most parkAfter) it trims closed sessions,
+// kicks idle readers so they park and, after a burst of pairings, returns
+// its garbage (releaser); every PingInterval it pings. It exits on
 // Shutdown or when no tid is left.
 func (r *Registry) loop() {
 	defer r.wg.Done()
@@ -766,6 +768,7 @@ func (r *Registry) loop() {
 				c.ping()
 			}
 		}
+		r.rel.tick(time.Now())
 	}
 }
 
