@@ -419,15 +419,21 @@ func rpcFrame(id, tool string, args any, rid string) ([]byte, error) {
 	if len(bytes.TrimSpace(a)) == 0 {
 		a = []byte("{}")
 	}
-	toolJSON, err := json.Marshal(tool)
-	if err != nil {
-		return nil, err
-	}
-	b := make([]byte, 0, len(a)+len(toolJSON)+64)
+	b := make([]byte, 0, len(a)+len(tool)+len(rid)+64)
 	b = append(b, `{"t":"rpc","id":"`...)
 	b = append(b, id...)
 	b = append(b, `","tool":`...)
-	b = append(b, toolJSON...)
+	if plainString(tool) { // what json.Marshal would write, without its allocations
+		b = append(b, '"')
+		b = append(b, tool...)
+		b = append(b, '"')
+	} else {
+		toolJSON, err := json.Marshal(tool)
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, toolJSON...)
+	}
 	b = append(b, `,"args":`...)
 	b = append(b, a...)
 	if rid != "" && audit.ValidRequestID(rid) { // nothing to escape
@@ -437,6 +443,18 @@ func rpcFrame(id, tool string, args any, rid string) ([]byte, error) {
 	}
 	b = append(b, '}')
 	return b, nil
+}
+
+// plainString reports whether json.Marshal writes s as itself in quotes
+// (printable ASCII, nothing it escapes).
+func plainString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20, c >= 0x7f, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
 }
 
 // marshalFrame turns a Push argument into bytes.

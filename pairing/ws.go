@@ -70,7 +70,11 @@ type conn struct {
 	fd      int           // the socket's file descriptor (-1 = unknown: never parked)
 	parkID  int32         // non-zero while parked (guarded by Registry.park.mu)
 	reads   atomic.Uint64 // frames read; the loop compares it between ticks
-	seen    uint64        // reads at the loop's last tick (loop goroutine only)
+	// writeSince is when the writer's frame in progress began (ms; 0 =
+	// none): the registry loop closes a socket whose write has taken
+	// longer than WriteTimeout (checkWrite).
+	writeSince atomic.Int64
+	seen       uint64 // reads at the loop's last tick (loop goroutine only)
 }
 
 // closeGrace bounds a server-initiated close handshake.
@@ -587,8 +591,9 @@ func (c *conn) enqueue(b []byte) error { return c.send(b, false) }
 // writes it on the caller's goroutine and then drains what others queued
 // meanwhile: a call's rpc frame goes out without a goroutine hand-off (the
 // caller waits for the reply anyway). Either way one writer at a time
-// writes, each write bounded by WriteTimeout; a full queue closes the socket
-// with 4008. The reader never writes inline: it must keep reading.
+// writes, each write bounded by WriteTimeout (checkWrite); a full queue
+// closes the socket with 4008. The reader never writes inline: it must keep
+// reading.
 func (c *conn) send(b []byte, inline bool) error {
 	c.mu.Lock()
 	if c.closing || c.gone {
@@ -638,9 +643,12 @@ func (c *conn) writeLoop(done chan struct{}) {
 		c.inFlight = len(batch)
 		c.mu.Unlock()
 		for i, b := range batch {
-			ctx, cancel := context.WithTimeout(context.Background(), c.r.cfg.WriteTimeout)
-			err := c.ws.Write(ctx, websocket.MessageText, b)
-			cancel()
+			// Bounded by WriteTimeout through writeSince (see
+			// checkWrite), not a context: a timer and a context per
+			// frame were a kilobyte of garbage per call.
+			c.writeSince.Store(time.Now().UnixMilli())
+			err := c.ws.Write(context.Background(), websocket.MessageText, b)
+			c.writeSince.Store(0)
 			if err == nil {
 				c.r.framesOut.Add(1)
 				c.r.bytesOut.Add(int64(len(b)))
@@ -762,13 +770,26 @@ func (r *Registry) loop() {
 		if pingNow {
 			lastPing = time.Now()
 		}
+		now := time.Now().UnixMilli()
 		for _, c := range conns {
+			c.checkWrite(now)
 			c.kickIfIdle()
 			if pingNow {
 				c.ping()
 			}
 		}
 		r.rel.tick(time.Now())
+	}
+}
+
+// checkWrite closes c's socket when the frame its writer is writing has
+// taken longer than WriteTimeout (the tab stopped reading): the write fails
+// and the reader cleans up. Checked every registry tick, so a write may take
+// up to a tick longer. Called by the registry loop only.
+func (c *conn) checkWrite(now int64) {
+	if since := c.writeSince.Load(); since != 0 && now-since > c.r.cfg.WriteTimeout.Milliseconds() {
+		c.r.writeTimeouts.Add(1)
+		c.ws.CloseNow()
 	}
 }
 
