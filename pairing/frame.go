@@ -343,7 +343,7 @@ func (c *conn) handle(buf *bytes.Buffer) (kept bool) {
 }
 
 // hello caches the tab's hello, answers hello-ack and, the first time on this
-// socket, calls OnPaired.
+// socket, calls OnPaired (before hello-ack is written).
 func (c *conn) hello(f inFrame) {
 	r, s := c.r, c.s
 	if f.LapVersion != nil && *f.LapVersion < MinClientVersion {
@@ -387,7 +387,10 @@ func (c *conn) hello(f inFrame) {
 	}
 	ack := `{"t":"hello-ack","lapVersion":` + strconv.Itoa(LapVersion) + `,"minClientVersion":` + strconv.Itoa(MinClientVersion) +
 		`,"heartbeatMs":` + strconv.FormatInt(r.cfg.PingInterval.Milliseconds(), 10) + `}`
-	if c.enqueue([]byte(ack)) != nil {
+	// hello-ack is written once OnPaired has returned: a tab that has it
+	// is counted as paired everywhere (e.g. /healthz), and what OnPaired
+	// pushes follows it.
+	if c.send([]byte(ack), sendHold) != nil {
 		return
 	}
 	c.mu.Lock()
@@ -399,6 +402,7 @@ func (c *conn) hello(f inFrame) {
 			hooks.OnPaired(s.tid, c.repair)
 		}
 	}
+	c.flush()
 }
 
 // rpcFrame builds {t:'rpc', id, tool, args} plus lapd's optional rid (the

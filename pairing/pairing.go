@@ -228,7 +228,7 @@ type Health struct {
 // Hooks let the composition root react to tab events. Each may be nil. They
 // are called from the tab's reader goroutine and must not block for long.
 type Hooks struct {
-	OnPaired          func(tid string, repair bool) // after the socket is registered and hello-ack sent
+	OnPaired          func(tid string, repair bool) // after the socket is registered and hello-ack queued; the tab gets hello-ack once it returns
 	OnClosed          func(tid string)              // the tab's socket is gone (not when superseded)
 	OnConfirmResolved func(tid string, r ConfirmResolved)
 	// OnLogAppend runs after a log-append entry is put in the ring. echo
@@ -767,7 +767,7 @@ func (r *Registry) call(ctx context.Context, tid, tool string, args any, timeout
 		return callResult{err: err}
 	}
 	sent := true
-	if err := c.send(frame, true); err != nil { // written here when no writer runs
+	if err := c.send(frame, sendInline); err != nil { // written here when no writer runs
 		// The socket went away between await and enqueue: its close (or a
 		// successor) retires the call; if nobody has yet, we do.
 		if s.retire(&s.calls, id, callResult{err: ErrPaused}) {

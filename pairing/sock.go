@@ -95,6 +95,14 @@ func (s *sock) buffered() int {
 	return s.w - s.r
 }
 
+// pending reports whether a Read would return without touching the socket:
+// bytes, or a read error (EOF included), wait in s.
+func (s *sock) pending() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.r < s.w || s.err != nil
+}
+
 // releaseLocked gives the drained buffer back. Caller holds s.mu.
 func (s *sock) releaseLocked() {
 	if s.buf != nil && cap(*s.buf) == sockBufSize {

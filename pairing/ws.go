@@ -584,17 +584,26 @@ func (r *Registry) trimClosedLocked() {
 	}
 }
 
-// enqueue queues b for the writer; a full queue closes the socket with 4008.
-func (c *conn) enqueue(b []byte) error { return c.send(b, false) }
+// How send hands a frame to the writer.
+type sendMode int
 
-// send queues b for the writer, or, with inline and no writer running,
-// writes it on the caller's goroutine and then drains what others queued
+const (
+	sendAsync  sendMode = iota // start a writer goroutine if none runs
+	sendInline                 // write on the caller's goroutine if no writer runs
+	sendHold                   // only queue: a later send or flush writes it
+)
+
+// enqueue queues b for the writer; a full queue closes the socket with 4008.
+func (c *conn) enqueue(b []byte) error { return c.send(b, sendAsync) }
+
+// send queues b for the writer, or, inline with no writer running, writes
+// it on the caller's goroutine and then drains what others queued
 // meanwhile: a call's rpc frame goes out without a goroutine hand-off (the
 // caller waits for the reply anyway). Either way one writer at a time
 // writes, each write bounded by WriteTimeout (checkWrite); a full queue
 // closes the socket with 4008. The reader never writes inline: it must keep
 // reading.
-func (c *conn) send(b []byte, inline bool) error {
+func (c *conn) send(b []byte, mode sendMode) error {
 	c.mu.Lock()
 	if c.closing || c.gone {
 		c.mu.Unlock()
@@ -607,10 +616,27 @@ func (c *conn) send(b []byte, inline bool) error {
 		return ErrPaused
 	}
 	c.q = append(c.q, b)
-	if c.writing {
+	if c.writing || mode == sendHold {
 		c.mu.Unlock()
 		return nil
 	}
+	c.startWriterLocked(mode == sendInline)
+	return nil
+}
+
+// flush starts a writer for frames queued with sendHold, if none runs.
+func (c *conn) flush() {
+	c.mu.Lock()
+	if c.writing || len(c.q) == 0 || c.closing || c.gone {
+		c.mu.Unlock()
+		return
+	}
+	c.startWriterLocked(false)
+}
+
+// startWriterLocked starts the writer (inline: on this goroutine). Caller
+// holds c.mu, which it releases.
+func (c *conn) startWriterLocked(inline bool) {
 	c.writing = true
 	done := make(chan struct{})
 	c.wdone = done
@@ -621,7 +647,6 @@ func (c *conn) send(b []byte, inline bool) error {
 	} else {
 		go c.writeLoop(done)
 	}
-	return nil
 }
 
 // writeLoop drains the queue and returns when it is empty (or the socket is
@@ -875,8 +900,8 @@ func (c *conn) readLoop() error {
 	}
 }
 
-// bufferEmpty reports whether no byte waits in the read buffers (only then
-// may the reader wait on the socket itself, or park it). While lapd closes
+// bufferEmpty reports whether no byte (nor a read error) waits in the read
+// buffers (only then may the reader wait on the socket itself, or park it). While lapd closes
 // the socket the library's close handshake reads the buffer: then it waits
 // for that.
 func (c *conn) bufferEmpty() bool {
@@ -885,7 +910,7 @@ func (c *conn) bufferEmpty() bool {
 	}
 	c.closeMu.Lock()
 	defer c.closeMu.Unlock()
-	return c.br.Buffered() == 0 && c.sock.buffered() == 0
+	return c.br.Buffered() == 0 && !c.sock.pending()
 }
 
 // waitIdle waits until the socket has something to read (and has read
