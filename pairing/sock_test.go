@@ -1,9 +1,12 @@
 package pairing
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"net"
+	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -83,3 +86,55 @@ func TestSockReadsThroughItsBuffer(t *testing.T) {
 type readerFunc func([]byte) (int, error)
 
 func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+// TestFramesSentWithTheUpgradeRequest: a client that writes its hello in the
+// same packet as its upgrade request (net/http has read it by the time the
+// socket is hijacked) is answered as any other.
+func TestFramesSentWithTheUpgradeRequest(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	tok, tid := e.mint("")
+	nc, err := net.Dial("tcp", strings.TrimPrefix(e.srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	hello := []byte(`{"t":"hello","appName":"x","schemaHash":"h"}`)
+	req := "GET /agent/ws?token=" + tok + " HTTP/1.1\r\nHost: " + strings.TrimPrefix(e.srv.URL, "http://") +
+		"\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+	// A text frame, masked with the key 0 (so the payload reads as sent).
+	frame := append([]byte{0x81, 0x80 | byte(len(hello)), 0, 0, 0, 0}, hello...)
+	if _, err := nc.Write(append([]byte(req), frame...)); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(nc)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	var h [2]byte
+	if _, err := io.ReadFull(br, h[:]); err != nil {
+		t.Fatal(err)
+	}
+	n := int(h[1] & 0x7f)
+	if n == 126 {
+		var l [2]byte
+		if _, err := io.ReadFull(br, l[:]); err != nil {
+			t.Fatal(err)
+		}
+		n = int(l[0])<<8 | int(l[1])
+	}
+	payload := make([]byte, n)
+	if _, err := io.ReadFull(br, payload); err != nil {
+		t.Fatal(err)
+	}
+	if h[0] != 0x81 || !bytes.Contains(payload, []byte(`"t":"hello-ack"`)) {
+		t.Fatalf("first frame %x %s, want hello-ack", h[0], payload)
+	}
+	if got := recv(t, e.paired); got != tid {
+		t.Fatalf("paired %q, want %q", got, tid)
+	}
+}
