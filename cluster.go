@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/lapd-dev/lapd/internal/kvrep"
 	"github.com/lapd-dev/lapd/mcp"
 )
 
@@ -35,16 +36,14 @@ type natsBindings struct {
 
 var _ mcp.SharedBindings = (*natsBindings)(nil)
 
-func openNATSBindings(ctx context.Context, nc *nats.Conn, bucket string) (*natsBindings, error) {
+func openNATSBindings(ctx context.Context, nc *nats.Conn, bucket string, replicas int) (*natsBindings, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, TTL: bindingTTL, Storage: jetstream.FileStorage})
+	kv, err := kvrep.Bucket(ctx, js, jetstream.KeyValueConfig{Bucket: bucket, History: 1, TTL: bindingTTL, Storage: jetstream.FileStorage}, replicas)
 	if err != nil {
-		if kv, err = js.KeyValue(ctx, bucket); err != nil {
-			return nil, fmt.Errorf("lapd: MCP bindings bucket %s: %w", bucket, err)
-		}
+		return nil, fmt.Errorf("lapd: MCP bindings: %w", err)
 	}
 	return &natsBindings{kv: kv}, nil
 }

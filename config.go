@@ -43,6 +43,12 @@ type Config struct {
 	NATSConn    *nats.Conn    // your own connection instead of NATSURL; lapd does not close it
 	ClusterName string        // prefix of the subjects and buckets; default "lapd"
 	NodeID      string        // this node's name in the cluster; default random
+	// NATSReplicas is how many copies JetStream keeps of the cluster's
+	// buckets and audit stream (1..5; more than 1 needs a JetStream
+	// cluster of at least that many servers). 0 = 1 for what this node
+	// creates, and what exists keeps its replicas; N makes every bucket
+	// and the stream have N, and New fails if the servers cannot.
+	NATSReplicas int
 
 	// Your own implementations, used instead of the one Store names (for
 	// example a store in your app's database). lapd does not close them:

@@ -104,6 +104,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
+	confirmOwns := false // confirm.New takes cstore over (and closes it)
+	defer func() {
+		if err != nil && !confirmOwns {
+			_ = cstore.Close()
+		}
+	}()
 	sinks, err := s.openAuditSinks(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -153,6 +159,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	// confirm: the hook is installed once the server exists (SetOnExpire
 	// delivers expiries that happened before it, e.g. approvals loaded from
 	// the store already expired, instead of losing them).
+	confirmOwns = true
 	if s.confirm, err = confirm.New(ctx, confirm.Config{Store: cstore, Expiry: cfg.ConfirmExpiry, Clock: cfg.Clock, Logger: s.log,
 		KeptBytes: share(8), PendingBytes: share(8),
 		KeptBytesPerTID: min(confirm.DefaultKeptBytesPerTID, share(8)), PendingBytesPerTID: min(confirm.DefaultPendingBytesPerTID, share(8)),
@@ -176,9 +183,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if !cfg.DisableMCP {
 		var bcfg mcp.BindingsConfig
 		if s.nc != nil {
-			shared, err := openNATSBindings(ctx, s.nc, s.cluster+"_mcp")
+			shared, err := openNATSBindings(ctx, s.nc, s.cluster+"_mcp", cfg.NATSReplicas)
 			if err != nil {
-				return nil, err
+				return nil, natsRefused(s.nc, err)
 			}
 			bcfg.Shared = shared
 		}

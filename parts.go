@@ -45,17 +45,17 @@ func (s *Server) openStores(ctx context.Context, cfg Config) (tokens.Store, conf
 			return nil, nil, errors.New("lapd: the nats store needs NATSURL or NATSConn")
 		}
 		if cfg.TokenStore == nil {
-			ts, err := tokens.OpenNATS(ctx, s.nc, s.cluster+"_tokens")
+			ts, err := tokens.OpenNATSConfig(ctx, s.nc, tokens.NATSConfig{Bucket: s.cluster + "_tokens", Replicas: cfg.NATSReplicas})
 			if err != nil {
-				return nil, nil, fmt.Errorf("lapd: token store on NATS: %w", err)
+				return nil, nil, natsRefused(s.nc, fmt.Errorf("lapd: token store on NATS: %w", err))
 			}
 			tstore = ts
 			s.closers = append(s.closers, ts)
 		}
 		if cfg.ConfirmStore == nil {
-			cs, err := confirm.OpenNATS(ctx, s.nc, s.cluster+"_confirm")
+			cs, err := confirm.OpenNATSConfig(ctx, s.nc, confirm.NATSConfig{Bucket: s.cluster + "_confirm", Replicas: cfg.NATSReplicas})
 			if err != nil {
-				return nil, nil, fmt.Errorf("lapd: approval store on NATS: %w", err)
+				return nil, nil, natsRefused(s.nc, fmt.Errorf("lapd: approval store on NATS: %w", err))
 			}
 			cstore = cs
 		}
@@ -129,6 +129,9 @@ func (s *Server) openCluster(cfg Config) error {
 			return fmt.Errorf("lapd: ClusterName %q may hold only letters, digits, - and _", cfg.ClusterName)
 		}
 	}
+	if cfg.NATSReplicas < 0 || cfg.NATSReplicas > 5 {
+		return fmt.Errorf("lapd: NATSReplicas %d: want 1 to 5 (0 = keep what exists, 1 for what is created)", cfg.NATSReplicas)
+	}
 	switch {
 	case cfg.NATSConn != nil:
 		s.nc = cfg.NATSConn
@@ -152,6 +155,16 @@ func (s *Server) openCluster(cfg Config) error {
 		s.nc, s.ownNC = nc, true // closed by closeAll, after audit
 	}
 	return nil
+}
+
+// natsRefused adds to err what NATS refused this node's user, if it did: a
+// JetStream request on a subject the user may not publish to is dropped,
+// and only times out.
+func natsRefused(nc *nats.Conn, err error) error {
+	if le := nc.LastError(); errors.Is(le, nats.ErrPermissionViolation) {
+		return fmt.Errorf("%w; NATS refused this node's user: %v (docs/CLUSTER.md lists the permissions a node needs)", err, le)
+	}
+	return err
 }
 
 // keepOpen shields the caller's confirm store from confirm.Manager.Close,
@@ -188,10 +201,10 @@ func (s *Server) openAuditSinks(ctx context.Context, cfg Config) ([]audit.Sink, 
 			closeSinks(sinks[len(cfg.AuditSinks):])
 			return nil, errors.New("lapd: AuditNATS needs a cluster (NATSURL or NATSConn)")
 		}
-		ns, err := audit.OpenNATSSink(ctx, s.nc, audit.NATSSinkConfig{Prefix: s.cluster, Logger: s.log})
+		ns, err := audit.OpenNATSSink(ctx, s.nc, audit.NATSSinkConfig{Prefix: s.cluster, Logger: s.log, Replicas: cfg.NATSReplicas})
 		if err != nil {
 			closeSinks(sinks[len(cfg.AuditSinks):])
-			return nil, fmt.Errorf("lapd: audit stream: %w", err)
+			return nil, natsRefused(s.nc, fmt.Errorf("lapd: audit stream: %w", err))
 		}
 		sinks = append(sinks, ns)
 	}

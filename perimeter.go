@@ -70,10 +70,11 @@ func (p *perimeter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if hasBody(r) {
-		rc := http.NewResponseController(w)
-		if p.start(rc) {
-			defer p.done(rc)
-			r.Body = &deadlineBody{ReadCloser: r.Body, done: func() { p.done(rc) }}
+		// One allocation per request: the body wrapper holds its controller.
+		db := &deadlineBody{ReadCloser: r.Body, p: p, rc: *http.NewResponseController(w)}
+		if p.start(&db.rc) {
+			defer db.finish()
+			r.Body = db
 		}
 	}
 	p.next.ServeHTTP(w, r)
@@ -125,17 +126,23 @@ func (p *perimeter) cutBodies() {
 	}
 }
 
-// deadlineBody stops tracking its request once the body is read (or fails).
+// deadlineBody stops tracking its request once the body is read (or fails),
+// or at the latest when the handler returns.
 type deadlineBody struct {
 	io.ReadCloser
-	done func()
+	p    *perimeter
+	rc   http.ResponseController
 	once sync.Once
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if err != nil {
-		b.once.Do(b.done)
+		b.finish()
 	}
 	return n, err
+}
+
+func (b *deadlineBody) finish() {
+	b.once.Do(func() { b.p.done(&b.rc) })
 }

@@ -459,24 +459,70 @@ func (b *Batch) encode() {
 	b.details = make([][]byte, len(b.Entries))
 	buf := make([]byte, 0, 256*len(b.Entries))
 	for i, e := range b.Entries {
-		d := []byte("{}")
-		if len(e.Detail) > 0 {
-			var err error
-			if d, err = json.Marshal(e.Detail); err != nil {
+		start := len(buf)
+		buf = appendLineStart(buf, e)
+		dStart := len(buf)
+		if out, ok := appendDetail(buf, e.Detail); ok {
+			buf = out // the usual detail, written in place
+		} else {
+			d, err := json.Marshal(e.Detail)
+			if err != nil {
 				d, _ = json.Marshal(map[string]string{"unencodable": err.Error()})
 			}
+			buf = append(buf[:dStart], d...)
 		}
-		start := len(buf)
-		buf = appendLine(buf, e, d)
-		dStart := len(buf) - 1 - len(d)
+		dEnd := len(buf)
+		buf = append(buf, '}')
 		b.lines[i] = buf[start:len(buf):len(buf)]
-		b.details[i] = buf[dStart : len(buf)-1 : len(buf)-1]
+		b.details[i] = buf[dStart:dEnd:dEnd]
 	}
 	b.buf = buf
 }
 
-// appendLine appends e's wire shape with detail d.
-func appendLine(buf []byte, e Entry, d []byte) []byte {
+// appendDetail appends d as json.Marshal writes it ("{}" when empty: keys
+// sorted, strings HTML-escaped) when every value is a string, bool, int,
+// int64 or nil, the detail lapd's routes record; ok is false otherwise, and
+// the caller uses json.Marshal.
+func appendDetail(buf []byte, d map[string]any) ([]byte, bool) {
+	if len(d) == 0 {
+		return append(buf, "{}"...), true
+	}
+	var arr [8]string
+	keys := arr[:0]
+	for k, v := range d {
+		switch v.(type) {
+		case string, bool, int, int64, nil:
+		default:
+			return buf, false
+		}
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	buf = append(buf, '{')
+	for i, k := range keys {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = appendString(buf, k)
+		buf = append(buf, ':')
+		switch v := d[k].(type) {
+		case string:
+			buf = appendString(buf, v)
+		case bool:
+			buf = strconv.AppendBool(buf, v)
+		case int:
+			buf = strconv.AppendInt(buf, int64(v), 10)
+		case int64:
+			buf = strconv.AppendInt(buf, v, 10)
+		case nil:
+			buf = append(buf, "null"...)
+		}
+	}
+	return append(buf, '}'), true
+}
+
+// appendLineStart appends e's wire shape up to its detail.
+func appendLineStart(buf []byte, e Entry) []byte {
 	buf = append(buf, `{"at":`...)
 	buf = strconv.AppendInt(buf, e.At, 10)
 	buf = append(buf, `,"tid":`...)
@@ -485,9 +531,7 @@ func appendLine(buf []byte, e Entry, d []byte) []byte {
 	buf = appendNullString(buf, e.UID)
 	buf = append(buf, `,"event":`...)
 	buf = appendString(buf, e.Event)
-	buf = append(buf, `,"detail":`...)
-	buf = append(buf, d...)
-	return append(buf, '}')
+	return append(buf, `,"detail":`...)
 }
 
 func appendNullString(buf []byte, s string) []byte {

@@ -39,6 +39,10 @@ type NATSSinkConfig struct {
 	MaxAge   time.Duration // default 30 days
 	MaxBytes int64         // default 1 GiB
 	Logger   *slog.Logger  // refused publishes; nil = discard
+	// Replicas of the stream on a JetStream cluster: N > 0 creates it with
+	// N or updates it to N, and fails if the servers cannot; 0 creates a
+	// missing stream with 1 and keeps an existing one's.
+	Replicas int
 }
 
 var (
@@ -80,8 +84,17 @@ func OpenNATSSink(ctx context.Context, nc *nats.Conn, cfg NATSSinkConfig) (*NATS
 	}
 	s.js = js
 	sc := jetstream.StreamConfig{Name: StreamName(cfg.Prefix), Subjects: []string{cfg.Prefix + ".audit.>"},
-		Storage: jetstream.FileStorage, MaxAge: cfg.MaxAge, MaxBytes: cfg.MaxBytes, Discard: jetstream.DiscardOld}
+		Storage: jetstream.FileStorage, MaxAge: cfg.MaxAge, MaxBytes: cfg.MaxBytes, Discard: jetstream.DiscardOld,
+		Replicas: max(cfg.Replicas, 1)}
+	if cfg.Replicas <= 0 {
+		if st, err := js.Stream(ctx, sc.Name); err == nil {
+			sc.Replicas = max(st.CachedInfo().Config.Replicas, 1)
+		}
+	}
 	if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+		if cfg.Replicas > 0 {
+			return nil, fmt.Errorf("audit: stream %s with %d replicas: %w", sc.Name, cfg.Replicas, err)
+		}
 		if _, err2 := js.Stream(ctx, sc.Name); err2 != nil {
 			return nil, fmt.Errorf("audit: stream %s: %w", sc.Name, err)
 		}

@@ -211,7 +211,7 @@ type entry struct {
 type tidState struct {
 	pending      map[string]*entry
 	kept         map[string]*entry
-	order        *list.List // kept entries of this tid, oldest first
+	order        list.List // kept entries of this tid, oldest first
 	seq          map[string]uint64
 	pendingBytes int
 	keptBytes    int
@@ -356,12 +356,9 @@ func (m *Manager) now() time.Time { return m.cfg.Clock() }
 func (m *Manager) tid(tid string) *tidState {
 	ts := m.tids[tid]
 	if ts == nil {
-		ts = &tidState{
-			pending: make(map[string]*entry),
-			kept:    make(map[string]*entry),
-			order:   list.New(),
-			seq:     make(map[string]uint64),
-		}
+		// Maps are made when first written: most states live from an
+		// Expect to its release (one per /message) and hold nothing.
+		ts = new(tidState)
 		m.tids[tid] = ts
 	}
 	return ts
@@ -389,6 +386,9 @@ func (m *Manager) refuseLocked(ts *tidState, p Pending) {
 // addPending indexes p and arms its expiry timer. Caller holds mu.
 func (m *Manager) addPending(ts *tidState, p Pending) *entry {
 	e := &entry{key: key{p.TID, p.ConfirmID}, p: p, pending: true, done: make(chan struct{})}
+	if ts.pending == nil {
+		ts.pending, ts.seq = make(map[string]*entry), make(map[string]uint64)
+	}
 	ts.pending[p.ConfirmID] = e
 	ts.pendingBytes += pendingSize(p)
 	m.pendingBytes += pendingSize(p)
@@ -611,6 +611,9 @@ func (m *Manager) keepLocked(ts *tidState, e *entry, r Resolution, keepTill time
 	close(e.done)
 
 	n := keptSize(e.key.id, r)
+	if ts.kept == nil {
+		ts.kept = make(map[string]*entry)
+	}
 	ts.kept[e.key.id] = e
 	ts.keptBytes += n
 	m.keptBytes += n

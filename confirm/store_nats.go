@@ -99,12 +99,28 @@ const DefaultNATSBucket = "lapd_confirm"
 // JetStream and loads the replica; ctx bounds the loading. The store does
 // not close nc.
 func OpenNATS(ctx context.Context, nc *nats.Conn, bucket string) (*NATSStore, error) {
+	return OpenNATSConfig(ctx, nc, NATSConfig{Bucket: bucket})
+}
+
+// NATSConfig configures OpenNATSConfig.
+type NATSConfig struct {
+	Bucket string // default DefaultNATSBucket
+	// Replicas of the bucket on a JetStream cluster: N > 0 creates it with
+	// N or updates it to N, and fails if the servers cannot; 0 creates a
+	// missing bucket with 1 and keeps an existing one's.
+	Replicas int
+}
+
+// OpenNATSConfig is OpenNATS with the bucket's settings.
+func OpenNATSConfig(ctx context.Context, nc *nats.Conn, cfg NATSConfig) (*NATSStore, error) {
+	bucket := cfg.Bucket
 	if bucket == "" {
 		bucket = DefaultNATSBucket
 	}
 	s := &NATSStore{}
 	rep, err := kvrep.Open(ctx, kvrep.Config[natsPending]{
 		Conn: nc, Bucket: bucket, Prefix: "c.",
+		Replicas: cfg.Replicas,
 		Decode: func(_ string, b []byte) (natsPending, error) {
 			var n natsPending
 			err := json.Unmarshal(b, &n)

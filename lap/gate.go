@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/jsonscan"
 	"github.com/lapd-dev/lapd/pairing"
 	"github.com/lapd-dev/lapd/tokens"
 )
@@ -27,10 +28,31 @@ type call struct {
 	tid   string
 	body  []byte         // nil when absent; may be invalid JSON (treated as null)
 	audit map[string]any // lap-call detail on success
+	// send: a /message, whose lap-call detail is {tool: send_message,
+	// variant: sendVariant}, made only when the route audited no outcome
+	// (an idempotent replay): most /message calls audit their outcome.
+	send        bool
+	sendVariant string
 	// outcome: the route audited the call's outcome itself (msg-dispatched,
 	// msg-blocked, confirm-proposed…), so finish writes no lap-call: one
 	// entry per call.
 	outcome bool
+	// deferred: the gate left the admit to the route's first forwarded
+	// call (pairing.Registry.DeferAdmit); lapCall settles it.
+	deferred bool
+}
+
+// admitLater are the routes whose first forwarded operation may carry the
+// gate's admit (paired? + the per-tid rate limit) in a cluster, saving a
+// NATS round trip: each does nothing before its first Call/CallReply that
+// a call refused by the rate limit must not do (no idempotency key, no
+// approval, no push, no audit outcome, no touch), so a refusal there is as
+// if the gate had refused. The other routes (/message, /would-dispatch,
+// /narrate, /wait, /confirm-result, /recent-actions) ask the tab's node
+// first, as on one node.
+var admitLater = map[string]bool{
+	"/describe": true, "/observe": true, "/state": true, "/query-state": true,
+	"/actions": true, "/describe-visible": true, "/context": true, "/query-dom": true,
 }
 
 // lapHandler answers a gated call: a value to write as JSON (json.RawMessage
@@ -83,6 +105,14 @@ func (s *Server) lapCall(w http.ResponseWriter, r *http.Request, ctx context.Con
 	if e == nil {
 		res, e = h(c)
 	}
+	if c.deferred {
+		if se := c.settleAdmit(); se != nil {
+			if r, ok := res.(interface{ release() }); ok {
+				r.release()
+			}
+			res, e = nil, se
+		}
+	}
 	if e != nil {
 		s.auditRefusal(c.ctx, r, c.tid, s.cfg.BasePath+route, e)
 		writeError(w, e)
@@ -131,7 +161,14 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 	}
 	c.rec = rec
 	// 4. paired? 5. rate limit per tid: both decided where the tab lives
-	// (Hooks.OnAdmit; on another node in a cluster).
+	// (Hooks.OnAdmit; on another node in a cluster, where the route's first
+	// forwarded call may carry them: admitLater).
+	if admitLater[c.route] {
+		if ctx, ok := s.cfg.Registry.DeferAdmit(c.ctx, c.tid); ok {
+			c.ctx, c.deferred = ctx, true
+			return nil, c.readRequestBody()
+		}
+	}
 	paired, retryMs, err := s.cfg.Registry.Admit(c.ctx, c.tid)
 	if err != nil && c.ctx.Err() != nil {
 		return nil, errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled")
@@ -143,33 +180,69 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		return nil, s.paused(c.ctx, c.tid)
 	}
 	if retryMs > 0 {
-		return nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: retryMs}
+		return nil, rateLimited(retryMs)
 	}
-	// 6. body through a limit (covers chunked bodies)
-	if c.r.Body != nil && c.r.Body != http.NoBody {
-		b, err := io.ReadAll(io.LimitReader(c.r.Body, s.cfg.MaxBody+1))
-		if err != nil {
-			return nil, bodyReadError(err)
-		}
-		if int64(len(b)) > s.cfg.MaxBody {
-			return nil, errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
-		}
-		// Parts of the body are forwarded to the tab byte for byte in a
-		// WebSocket text frame, which must be UTF-8 (a browser fails the
-		// socket otherwise, and the tab reconnect-loops).
-		if !utf8.Valid(b) {
-			return nil, errf(http.StatusBadRequest, CodeInvalid, "the body is not valid UTF-8; send JSON encoded as UTF-8")
-		}
-		if e := checkJSON(b); e != nil {
-			return nil, e
-		}
-		c.body = b
+	// 6. the body
+	if e := c.readRequestBody(); e != nil {
+		return nil, e
 	}
 	// 7. touch on arrival for long polls
 	if c.route == "/wait" || c.route == "/confirm-result" {
 		_ = s.cfg.Tokens.Touch(c.ctx, c.tid)
 	}
 	return nil, nil
+}
+
+// settleAdmit runs a deferred admit that no forwarded call carried (the
+// route found what it needed in this node's cache, or failed before its
+// call): a refusal or "not paired" replaces the route's answer, as if the
+// gate had answered.
+func (c *call) settleAdmit() *apiError {
+	paired, retryMs, err := c.s.cfg.Registry.SettleAdmit(c.ctx, c.tid)
+	if err != nil {
+		if c.ctx.Err() == nil {
+			c.s.log.Warn("asking the tab's node failed", "tid", c.tid, "err", err)
+		}
+		return nil
+	}
+	if !paired {
+		return c.s.paused(c.ctx, c.tid)
+	}
+	if retryMs > 0 {
+		return rateLimited(retryMs)
+	}
+	return nil
+}
+
+// rateLimited is the 429 of a call the tab's per-tid rate limit refused.
+func rateLimited(retryMs int64) *apiError {
+	return &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: retryMs}
+}
+
+// readRequestBody is the gate's step 6: the body through a limit (covers
+// chunked bodies), valid UTF-8 and JSON.
+func (c *call) readRequestBody() *apiError {
+	s := c.s
+	if c.r.Body != nil && c.r.Body != http.NoBody {
+		b, err := readBody(c.r.Body, c.r.ContentLength, s.cfg.MaxBody)
+		if err != nil {
+			return bodyReadError(err)
+		}
+		if int64(len(b)) > s.cfg.MaxBody {
+			return errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+		}
+		// Parts of the body are forwarded to the tab byte for byte in a
+		// WebSocket text frame, which must be UTF-8 (a browser fails the
+		// socket otherwise, and the tab reconnect-loops).
+		if !utf8.Valid(b) {
+			return errf(http.StatusBadRequest, CodeInvalid, "the body is not valid UTF-8; send JSON encoded as UTF-8")
+		}
+		if e := checkJSON(b); e != nil {
+			return e
+		}
+		c.body = b
+	}
+	return nil
 }
 
 // finish: activation (awaiting-claude → active + {t:'active'}), touch, audit.
@@ -185,6 +258,9 @@ func (c *call) finish() {
 		return // the route's outcome entry (msg-dispatched, …) is this call's entry
 	}
 	d := c.audit
+	if d == nil && c.send {
+		d = map[string]any{"tool": "send_message", "variant": c.sendVariant}
+	}
 	if d == nil {
 		d = map[string]any{"path": c.s.cfg.BasePath + c.route}
 	}
@@ -200,6 +276,32 @@ func (c *call) auditOutcome(event string, detail map[string]any) {
 
 var activeFrame = json.RawMessage(`{"t":"active"}`)
 
+// readBody reads r to its end, or to limit+1 bytes (a body over the limit),
+// as io.ReadAll(io.LimitReader(r, limit+1)) does, into a buffer of the
+// declared size when there is one (one allocation, not a LimitReader and a
+// growing buffer).
+func readBody(r io.Reader, declared, limit int64) ([]byte, error) {
+	size := int64(512)
+	if declared >= 0 && declared <= limit {
+		size = declared + 1 // room to read the EOF without growing
+	}
+	b := make([]byte, 0, size)
+	lr := io.LimitedReader{R: r, N: limit + 1}
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := lr.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+}
+
 // BearerToken returns the credentials of an "Authorization: Bearer <token>"
 // header value; the scheme is matched case-insensitively (RFC 7235).
 func BearerToken(h string) (string, bool) {
@@ -213,7 +315,7 @@ func BearerToken(h string) (string, bool) {
 // checkJSON refuses a body that is not valid JSON (400 invalid). An empty
 // body passes: every route's fields are optional or checked by the route.
 func checkJSON(b []byte) *apiError {
-	if t := trimSpace(b); len(t) > 0 && !json.Valid(t) {
+	if t := trimSpace(b); len(t) > 0 && !jsonscan.Valid(t) { // json.Valid's answer, in one faster pass
 		return errf(http.StatusBadRequest, CodeInvalid, "the body is not valid JSON; send a JSON object such as {}")
 	}
 	return nil
@@ -319,6 +421,9 @@ func (c *call) rpcStart() time.Time {
 }
 
 func (c *call) rpcDone(tool string, start time.Time, err error) {
+	if _, ok := err.(*pairing.RateLimitError); ok {
+		return // refused by the gate's deferred admit: no rpc was made
+	}
 	if obs := c.s.cfg.Observer; obs != nil {
 		obs.RPC(tool, time.Since(start), err)
 	}
@@ -338,7 +443,10 @@ func (c *call) rpcErr(err error) *apiError {
 
 func (c *call) mapRPCErr(err error) *apiError {
 	var re *pairing.RPCError
+	var rl *pairing.RateLimitError
 	switch {
+	case errors.As(err, &rl): // a deferred admit refused on the tab's node: the gate's 429
+		return rateLimited(rl.RetryAfterMs)
 	case errors.Is(err, pairing.ErrPaused):
 		return c.s.paused(c.ctx, c.tid)
 	case errors.Is(err, pairing.ErrTimeout):

@@ -123,6 +123,23 @@ func TestIdempotentMessage(t *testing.T) {
 	if r := e.lapCall(token, "/message", `{"msg":{"type":"inc"},"idempotencyKey":"k2"}`); r.status != 200 || tab2.RPCCount("send_message") != 1 {
 		t.Errorf("new key: %d %s", r.status, r.body)
 	}
+	// One entry per call: the two dispatches as msg-dispatched, the three
+	// answers from the kept result as lap-call send_message.
+	if n := len(e.sink.events(audit.EventMsgDispatched)); n != 2 {
+		t.Errorf("%d msg-dispatched entries, want 2", n)
+	}
+	replays := 0
+	for _, en := range e.sink.events(audit.EventLapCall) {
+		if en.Detail["tool"] == "send_message" {
+			replays++
+			if en.Detail["variant"] != "inc" {
+				t.Errorf("replay entry %v, want variant inc", en.Detail)
+			}
+		}
+	}
+	if replays != 3 {
+		t.Errorf("%d lap-call send_message entries, want 3 (two waiters and the retry after the reconnect)", replays)
+	}
 }
 
 func confirmTab(e *env) (string, *lapdtest.Tab) {

@@ -120,8 +120,7 @@ func (o observeResp) writeTo(w http.ResponseWriter) {
 	buf.WriteString(`"description":`)
 	buf.Write(o.desc)
 	buf.WriteString(`,"health":`)
-	hb, _ := json.Marshal(o.health)
-	buf.Write(hb)
+	buf.Write(appendHealth(buf.AvailableBuffer(), o.health))
 	buf.WriteByte('}')
 	hd := w.Header()
 	hd.Set("Content-Type", "application/json")
@@ -129,22 +128,50 @@ func (o observeResp) writeTo(w http.ResponseWriter) {
 	_, _ = w.Write(buf.Bytes())
 }
 
+// release returns the reply's buffer when the response is not written.
+func (o observeResp) release() { o.reply.Release() }
+
 func routeObserve(c *call) (any, *apiError) {
-	h, ok := c.s.cfg.Registry.Hello(c.tid)
-	if !ok {
-		return nil, c.s.paused(c.ctx, c.tid)
-	}
 	// The result (the app's whole state) is read in place in the buffer it
 	// arrived in, and spliced into the response: never decoded, not copied
-	// out first.
+	// out first. The call comes first: in a cluster its reply tells this
+	// node the tab's hello generation, so the description below is the one
+	// that goes with the state.
 	start := c.rpcStart()
 	reply, err := c.s.cfg.Registry.CallReply(c.ctx, c.tid, "observe", emptyArgs, 0)
 	c.rpcDone("observe", start, err)
 	if err != nil {
 		return nil, c.rpcErr(err)
 	}
+	h, ok := c.s.cfg.Registry.Hello(c.tid)
+	if !ok {
+		reply.Release()
+		return nil, c.s.paused(c.ctx, c.tid)
+	}
 	c.audit = map[string]any{"tool": "observe"}
 	return observeResp{result: reply.Data, reply: reply, desc: c.s.descs.get(c.tid, h), health: c.s.cfg.Registry.Health(c.tid)}, nil
+}
+
+// appendHealth appends h as json.Marshal writes a pairing.Health (its field
+// order and omitempty; TestHealthAsEncodingJSON compares them).
+func appendHealth(b []byte, h pairing.Health) []byte {
+	b = append(b, `{"connected":`...)
+	b = strconv.AppendBool(b, h.Connected)
+	if h.Visible != nil {
+		b = append(b, `,"visible":`...)
+		b = strconv.AppendBool(b, *h.Visible)
+	}
+	if h.LastHeartbeat != 0 {
+		b = append(b, `,"lastHeartbeatAt":`...)
+		b = strconv.AppendInt(b, h.LastHeartbeat, 10)
+	}
+	if h.ConnectedAt != 0 {
+		b = append(b, `,"connectedAt":`...)
+		b = strconv.AppendInt(b, h.ConnectedAt, 10)
+	}
+	b = append(b, `,"reconnects":`...)
+	b = strconv.AppendInt(b, int64(h.Reconnects), 10)
+	return append(b, '}')
 }
 
 type pathBody struct {

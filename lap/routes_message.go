@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -31,17 +30,27 @@ type messageBody struct {
 // splitMsg reads msg's variant and payload by exact key (schema.SplitMsg),
 // with the tab's policy discriminant: the one decode audit, policy and
 // stored approvals all use.
-func (c *call) splitMsg(msg json.RawMessage) (variant string, payload json.RawMessage, ae *apiError) {
+func (c *call) splitMsg(msg json.RawMessage) (splitMsg, *apiError) {
 	pol, _ := c.s.policy(c.ctx, c.tid) // a policy error is reported by checkPolicy
-	variant, payload, err := schema.SplitMsg(msg, pol.Discriminant())
+	sm := splitMsg{msg: msg, disc: pol.Discriminant()}
+	var err error
+	sm.variant, sm.payload, err = schema.SplitMsg(msg, sm.disc)
 	if err != nil {
-		return "", nil, errf(http.StatusBadRequest, CodeInvalid, strings.TrimPrefix(err.Error(), schema.ErrBadMsg.Error()+": "))
+		return splitMsg{}, errf(http.StatusBadRequest, CodeInvalid, strings.TrimPrefix(err.Error(), schema.ErrBadMsg.Error()+": "))
 	}
-	return variant, payload, nil
+	return sm, nil
+}
+
+// splitMsg is a msg as the route read it: split once, by discriminant disc.
+type splitMsg struct {
+	msg, payload json.RawMessage
+	variant      string
+	disc         string
 }
 
 // checkPolicy enforces the tab's policy; a non-nil result is the 200 rejection body.
-func (c *call) checkPolicy(msg json.RawMessage, variant string) (*schema.Rejection, *schema.Policy, *apiError) {
+func (c *call) checkPolicy(sm splitMsg) (*schema.Rejection, *schema.Policy, *apiError) {
+	variant := sm.variant
 	pol, err := c.s.policy(c.ctx, c.tid)
 	switch {
 	case errors.Is(err, errCompileBusy):
@@ -57,7 +66,13 @@ func (c *call) checkPolicy(msg json.RawMessage, variant string) (*schema.Rejecti
 	if pol == nil {
 		return nil, nil, nil
 	}
-	if rej := pol.Check(msg); rej != nil {
+	var rej *schema.Rejection
+	if pol.Discriminant() == sm.disc {
+		rej = pol.CheckSplit(sm.variant, sm.payload) // the split the route made
+	} else {
+		rej = pol.Check(sm.msg) // the tab sent a new policy meanwhile
+	}
+	if rej != nil {
 		c.auditOutcome(audit.EventMsgBlocked, map[string]any{"variant": variant, "status": "rejected", "reason": rej.Reason, "source": "server-policy"})
 		return rej, pol, nil
 	}
@@ -65,27 +80,28 @@ func (c *call) checkPolicy(msg json.RawMessage, variant string) (*schema.Rejecti
 }
 
 func routeMessage(c *call) (any, *apiError) {
-	var b messageBody
-	c.decode(&b)
-	variant, payload, ae := c.splitMsg(b.Msg)
+	b := c.decodeMessage()
+	sm, ae := c.splitMsg(b.Msg)
 	if ae != nil {
 		return nil, ae
 	}
+	variant := sm.variant
 	key, ok := optString(b.IdempotencyKey)
 	if !ok || len(key) > MaxIdempotencyKeyLen {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, "idempotencyKey must be a string of at most 200 characters")
 	}
 	reason, _ := optString(b.Reason)
-	c.audit = map[string]any{"tool": "send_message", "variant": variant}
-	run := func() (any, *apiError) { return c.message(b, variant, payload, reason, key) }
+	c.send, c.sendVariant = true, variant
+	run := func() (any, *apiError) { return c.message(&b, sm, reason, key) }
 	if key == "" {
 		return run()
 	}
 	return c.s.idem.do(c.ctx, c.tid, key, run)
 }
 
-func (c *call) message(b messageBody, variant string, payload json.RawMessage, reason, key string) (any, *apiError) {
-	rej, pol, ae := c.checkPolicy(b.Msg, variant)
+func (c *call) message(b *messageBody, sm splitMsg, reason, key string) (any, *apiError) {
+	variant, payload := sm.variant, sm.payload
+	rej, pol, ae := c.checkPolicy(sm)
 	if ae != nil {
 		return nil, ae
 	}
@@ -94,19 +110,7 @@ func (c *call) message(b messageBody, variant string, payload json.RawMessage, r
 		return rej, nil
 	}
 	wait := timeoutMs(b.TimeoutMs, 5*time.Second)
-	args := map[string]json.RawMessage{"msg": b.Msg}
-	for k, v := range map[string]json.RawMessage{"reason": b.Reason, "waitFor": b.WaitFor, "drainQuietMs": b.DrainQuietMs, "timeoutMs": b.TimeoutMs, "includeState": b.IncludeState} {
-		if len(v) > 0 {
-			args[k] = v
-		}
-	}
-	if key != "" {
-		// The tab de-duplicates by key too (client/lapd.js keeps it for ttl,
-		// across a reload): the end-to-end guarantee of docs/PROTOCOL.md.
-		args["idempotencyKey"], _ = json.Marshal(key)
-		args["idempotencyTtlMs"] = json.RawMessage(strconv.FormatInt(c.s.cfg.IdempotencyTTL.Milliseconds(), 10))
-	}
-	rawArgs, err := json.Marshal(args)
+	rawArgs, err := b.sendArgs(key, c.s.cfg.IdempotencyTTL)
 	if err != nil {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, err.Error())
 	}
@@ -124,7 +128,7 @@ func (c *call) message(b messageBody, variant string, payload json.RawMessage, r
 	jsonscan.Object(res, func(k, v []byte) {
 		switch string(k) {
 		case "status":
-			out.Status, _ = jsonscan.String(v)
+			out.Status = tabStatus(v)
 		case "confirmId":
 			out.ConfirmID, _ = jsonscan.String(v)
 		}
@@ -235,12 +239,12 @@ func routeWouldDispatch(c *call) (any, *apiError) {
 		Msg json.RawMessage `json:"msg"`
 	}
 	c.decode(&b)
-	variant, _, ae := c.splitMsg(b.Msg)
+	sm, ae := c.splitMsg(b.Msg)
 	if ae != nil {
 		return nil, ae
 	}
-	c.audit = map[string]any{"tool": "would_dispatch", "variant": variant}
-	rej, _, ae := c.checkPolicy(b.Msg, variant)
+	c.audit = map[string]any{"tool": "would_dispatch", "variant": sm.variant}
+	rej, _, ae := c.checkPolicy(sm)
 	if ae != nil {
 		return nil, ae
 	}
@@ -253,4 +257,19 @@ func routeWouldDispatch(c *call) (any, *apiError) {
 		return nil, ae
 	}
 	return res, nil
+}
+
+// tabStatus reads a send_message result's status; the usual ones without
+// allocating.
+func tabStatus(v []byte) string {
+	switch string(v) {
+	case `"dispatched"`:
+		return "dispatched"
+	case `"rejected"`:
+		return "rejected"
+	case `"pending-confirmation"`:
+		return "pending-confirmation"
+	}
+	s, _ := jsonscan.String(v)
+	return s
 }

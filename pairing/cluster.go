@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +29,8 @@ import (
 //
 //	admit   the gate's paired? + the owner's per-tid rate limit (Hooks.OnAdmit);
 //	        the reply carries the hello generation and the tab's health
+//	        (needed only when this node has not heard from the owner for
+//	        remoteFresh: see "One round trip" below)
 //	hello   the cached hello (kept per tid here until the generation moves)
 //	call    one rpc, with the caller's timeout and deadline
 //	watch   a watch, until the caller's deadline
@@ -40,6 +43,24 @@ import (
 // not connected here. An answer travels once: the owner answers each request
 // once, and the requester takes one reply. A call whose reply does not come
 // within its timeout (plus a margin for the hop) is ErrTimeout, and in doubt.
+//
+// # One round trip per forwarded call
+//
+// The per-tid rate limit is decided where the tab lives, but asking first
+// (admit) and then acting (call) is two round trips. So a gate that has
+// heard from the tab's owner within remoteFresh takes "paired" from that
+// (DeferAdmit) and lets the request's first forwarded Call, CallReply or
+// Watch carry the admit in a header (Lapd-Admit): the owner runs OnAdmit
+// before it acts and, if refused, answers a typed error (*RateLimitError)
+// without touching the tab. Its reply to such a request carries the hello
+// generation and health (Lapd-Gen, Lapd-Health), which keeps this node's
+// cache fresh, so a steady stream of calls makes one round trip each. A
+// request that ends without a forwarded operation (everything it needed
+// was cached here) settles its admit with a plain admit round trip
+// (SettleAdmit); a route with side effects before its first Call asks the
+// owner first, as before (the lap gate decides which). Trusting a cached
+// "paired" is safe: the forwarded operation is checked again by the owner
+// (no node holds the tab → no responders → ErrPaused).
 //
 // A tab that connects to another node takes the tid over: the new owner
 // subscribes, then publishes "<prefix>.takeover"; the old owner, if alive,
@@ -104,10 +125,53 @@ func newCluster(r *Registry, nc *nats.Conn, prefix, node string) (*cluster, erro
 		return nil, err
 	}
 	c.tkSub = sub
+	if err := c.check(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
 	r.wg.Add(1)
 	go c.serve()
 	return c, nil
 }
+
+// check proves, before the node serves, that its NATS user may do what a
+// node does with the cluster's subjects: subscribe to a tab's subjects in
+// the queue group, request one of them, answer on _INBOX, and publish and
+// subscribe to takeover. NATS refuses a subject without permission
+// asynchronously (the connection stays up, the message is dropped), so
+// without this a node missing a permission would start and then fail on
+// the first tab that pairs with it or the first call it forwards.
+func (c *cluster) check() error {
+	tid := "probe " + c.node // not a tid: lapd's tids are UUIDs
+	sub, err := c.nc.QueueSubscribe(c.subject(tid, "*"), "owner", func(m *nats.Msg) { _ = m.Respond(okReply(nil)) })
+	if err != nil {
+		return fmt.Errorf("pairing: cluster: subscribing to the tab subjects: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	inbox := c.nc.NewInbox()
+	replies, err := c.nc.SubscribeSync(inbox)
+	if err != nil {
+		return fmt.Errorf("pairing: cluster: subscribing to an inbox: %w", err)
+	}
+	defer func() { _ = replies.Unsubscribe() }()
+	_ = c.nc.Publish(c.prefix+".takeover", []byte(c.node+" "+tid)) // the other nodes hold no such tab: a no-op
+	_ = c.nc.PublishRequest(c.subject(tid, "probe"), inbox, nil)
+	// The server answers a refused subscription or publish before the
+	// flush's PONG; a refused reply arrives later, in place of the reply.
+	err = c.nc.FlushTimeout(5 * time.Second)
+	if err == nil && !refused(c.nc) {
+		_, err = replies.NextMsg(5 * time.Second)
+	}
+	if refused(c.nc) {
+		return fmt.Errorf("pairing: cluster: NATS refused this node's user a subject a node needs (%v); docs/CLUSTER.md lists the permissions", c.nc.LastError())
+	}
+	if err != nil {
+		return fmt.Errorf("pairing: cluster: a request to this node's own tab subjects did not come back (%w); check the NATS user's permissions (docs/CLUSTER.md)", err)
+	}
+	return nil
+}
+
+func refused(nc *nats.Conn) bool { return errors.Is(nc.LastError(), nats.ErrPermissionViolation) }
 
 func (c *cluster) subject(tid, op string) string {
 	return c.prefix + ".tab." + kvrep.Key(tid) + "." + op
@@ -262,10 +326,84 @@ func (c *cluster) close() {
 
 // Replies: '0' + payload, or '1' + a JSON wireErr.
 type wireErr struct {
-	E      string `json:"e"` // paused | timeout | closed | busy | rpc | cancelled | other
-	Sent   bool   `json:"sent,omitempty"`
-	Code   string `json:"code,omitempty"`
-	Detail string `json:"detail,omitempty"`
+	E       string `json:"e"` // paused | timeout | closed | busy | rpc | cancelled | rate | other
+	Sent    bool   `json:"sent,omitempty"`
+	Code    string `json:"code,omitempty"`
+	Detail  string `json:"detail,omitempty"`
+	RetryMs int64  `json:"retryMs,omitempty"` // rate
+}
+
+// Headers of a request that carries its admit, and of the owner's reply.
+const (
+	hdrAdmit  = "Lapd-Admit"
+	hdrGen    = "Lapd-Gen"
+	hdrHealth = "Lapd-Health"
+)
+
+// RateLimitError is the error of a Call, CallReply or Watch whose deferred
+// admit (DeferAdmit) the tab's node refused: Hooks.OnAdmit said no, and
+// nothing was sent to the tab. RetryAfterMs is OnAdmit's wait (≥ 1).
+type RateLimitError struct{ RetryAfterMs int64 }
+
+func (e *RateLimitError) Error() string {
+	return "pairing: rate limited on the tab's node; retry in " + strconv.FormatInt(e.RetryAfterMs, 10) + " ms"
+}
+
+// deferredAdmit is the admit a request still owes (DeferAdmit): the first
+// operation for tid made with its context takes it.
+type deferredAdmit struct {
+	tid   string
+	taken atomic.Bool
+}
+
+type admitKey struct{}
+
+// takeAdmit reports whether ctx owes an admit for tid, and marks it paid:
+// true once per request.
+func takeAdmit(ctx context.Context, tid string) bool {
+	d, _ := ctx.Value(admitKey{}).(*deferredAdmit)
+	return d != nil && d.tid == tid && d.taken.CompareAndSwap(false, true)
+}
+
+// DeferAdmit is Admit for a gate that lets the request's first forwarded
+// operation carry the admit (one NATS round trip instead of two; see
+// cluster.go). When tid is held by another node that this node heard from
+// within the last second, it returns a context that carries the admit, and
+// true: the first Call, CallReply or Watch for tid made with it runs
+// Hooks.OnAdmit where the tab lives before acting, and fails with
+// *RateLimitError, having sent nothing to the tab, if refused. Every request
+// given such a context must end with SettleAdmit. Otherwise (a single node,
+// a tab held here, nothing fresh known) it returns ctx and false: call Admit.
+func (r *Registry) DeferAdmit(ctx context.Context, tid string) (context.Context, bool) {
+	if r.cl == nil || !r.remote(tid) || !r.cl.fresh(tid) {
+		return ctx, false
+	}
+	return context.WithValue(ctx, admitKey{}, &deferredAdmit{tid: tid}), true
+}
+
+// SettleAdmit runs the admit DeferAdmit put in ctx if no operation has
+// carried it yet (the request found all it needed in this node's cache, or
+// made no call), with Admit's results. It returns (true, 0, nil) when the
+// admit was carried already.
+func (r *Registry) SettleAdmit(ctx context.Context, tid string) (paired bool, retryAfterMs int64, err error) {
+	if !takeAdmit(ctx, tid) {
+		return true, 0, nil
+	}
+	return r.Admit(ctx, tid)
+}
+
+// admitHere runs a deferred admit on the local path (the tab came to this
+// node after DeferAdmit): OnAdmit here, before the call acts.
+func (r *Registry) admitHere(ctx context.Context, tid string) error {
+	if r.cl == nil || !takeAdmit(ctx, tid) {
+		return nil
+	}
+	if h := r.hooks.Load(); h.OnAdmit != nil {
+		if ok, ms := h.OnAdmit(tid); !ok {
+			return &RateLimitError{RetryAfterMs: max(ms, 1)}
+		}
+	}
+	return nil
 }
 
 func okReply(b []byte) []byte {
@@ -276,9 +414,12 @@ func okReply(b []byte) []byte {
 func errReply(err error, sent bool) []byte {
 	w := wireErr{E: "other", Sent: sent || errors.Is(err, ErrOutcomeUnknown), Detail: err.Error()}
 	var re *RPCError
+	var rl *RateLimitError
 	switch {
 	case errors.As(err, &re):
 		w = wireErr{E: "rpc", Code: re.Code, Detail: re.Detail}
+	case errors.As(err, &rl):
+		w = wireErr{E: "rate", RetryMs: rl.RetryAfterMs}
 	case errors.Is(err, ErrPaused):
 		w.E = "paused"
 	case errors.Is(err, ErrTimeout), errors.Is(err, context.DeadlineExceeded):
@@ -312,6 +453,8 @@ func decodeReply(b []byte) ([]byte, error) {
 	switch w.E {
 	case "rpc":
 		return nil, &RPCError{Code: w.Code, Detail: w.Detail}
+	case "rate":
+		return nil, &RateLimitError{RetryAfterMs: max(w.RetryMs, 1)}
 	case "paused", "closed":
 		err = ErrPaused
 	case "timeout":
@@ -331,11 +474,19 @@ func decodeReply(b []byte) ([]byte, error) {
 
 // request sends op for tid to its owner and returns the reply payload, or
 // ErrPaused when no node holds the tab.
+// When ctx owes tid's admit (DeferAdmit), the request carries it.
 func (c *cluster) request(ctx context.Context, tid, op string, data []byte) ([]byte, error) {
 	c.forwarded.Add(1)
-	m, err := c.nc.RequestWithContext(ctx, c.subject(tid, op), data)
+	req := &nats.Msg{Subject: c.subject(tid, op), Data: data}
+	if takeAdmit(ctx, tid) {
+		req.Header = nats.Header{hdrAdmit: []string{"1"}}
+	}
+	m, err := c.nc.RequestMsgWithContext(ctx, req)
 	switch {
 	case err == nil:
+		if g := m.Header.Get(hdrGen); g != "" {
+			c.refresh(tid, g, m.Header.Get(hdrHealth))
+		}
 		return decodeReply(m.Data)
 	case errors.Is(err, nats.ErrNoResponders):
 		c.noResponders.Add(1)
@@ -382,6 +533,28 @@ func (c *cluster) remoteEntry(tid string) *remoteTab {
 	return e
 }
 
+// fresh reports whether this node heard from tid's owner within
+// remoteFresh (an admit, or a reply to a request that carried one).
+func (c *cluster) fresh(tid string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.remote[tid]
+	return e != nil && time.Since(e.at) < remoteFresh
+}
+
+// refresh records the hello generation and health an owner's reply carried.
+func (c *cluster) refresh(tid, gen, health string) {
+	g, err := strconv.ParseUint(gen, 10, 64)
+	var h Health
+	if err != nil || json.Unmarshal([]byte(health), &h) != nil {
+		return
+	}
+	e := c.remoteEntry(tid)
+	c.mu.Lock()
+	e.gen, e.at, e.health = g, time.Now(), h
+	c.mu.Unlock()
+}
+
 type admitReply struct {
 	Paired  bool   `json:"paired"`
 	OK      bool   `json:"ok"`
@@ -390,8 +563,15 @@ type admitReply struct {
 	Health  Health `json:"health"`
 }
 
+// admitTimeout bounds an admit: the caller's context may have no deadline
+// (an HTTP request), and an owner that stops between taking the request
+// and answering it would otherwise leave the caller waiting for ever.
+const admitTimeout = 5 * time.Second
+
 // admit asks the owner whether tid is paired and may make a call now.
 func (c *cluster) admit(ctx context.Context, tid string) (paired bool, retryMs int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
+	defer cancel()
 	b, err := c.request(ctx, tid, "admit", nil)
 	if errors.Is(err, ErrPaused) {
 		return false, 0, nil
@@ -481,7 +661,8 @@ func (c *cluster) call(ctx context.Context, tid, tool string, args any, timeout 
 	res, err := c.request(rctx, tid, "call", b)
 	if err != nil {
 		var re *RPCError
-		if !errors.Is(err, ErrPaused) && !errors.Is(err, ErrBusy) && !errors.As(err, &re) && !errors.Is(err, ErrOutcomeUnknown) {
+		var rl *RateLimitError
+		if !errors.Is(err, ErrPaused) && !errors.Is(err, ErrBusy) && !errors.As(err, &re) && !errors.As(err, &rl) && !errors.Is(err, ErrOutcomeUnknown) {
 			// The request left: the owner may have sent the frame.
 			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 				err = ErrTimeout
@@ -538,16 +719,34 @@ func (c *cluster) handle(m *nats.Msg) {
 	if req.RID != "" {
 		ctx = audit.WithRequestID(ctx, req.RID)
 	}
+	admit := m.Header.Get(hdrAdmit) != ""
 	respond := func(b []byte, err error) {
 		if err != nil {
 			_ = m.Respond(errReply(err, false))
 			return
 		}
-		_ = m.Respond(okReply(b))
+		if !admit {
+			_ = m.Respond(okReply(b))
+			return
+		}
+		// The requester keeps "paired" fresh from this (see DeferAdmit).
+		hb, _ := json.Marshal(r.Health(tid))
+		_ = m.RespondMsg(&nats.Msg{Data: okReply(b), Header: nats.Header{
+			hdrGen: []string{strconv.FormatUint(r.helloGen(tid), 10)}, hdrHealth: []string{string(hb)}}})
 	}
 	if !r.holds(tid) && op != "unregister" {
 		respond(nil, ErrPaused)
 		return
+	}
+	if admit {
+		// The request's deferred admit: the per-tid rate limit, before
+		// anything reaches the tab.
+		if h := r.hooks.Load(); h.OnAdmit != nil {
+			if ok, ms := h.OnAdmit(tid); !ok {
+				respond(nil, &RateLimitError{RetryAfterMs: max(ms, 1)})
+				return
+			}
+		}
 	}
 	switch op {
 	case "admit":
@@ -575,8 +774,10 @@ func (c *cluster) handle(m *nats.Msg) {
 		b, _ := json.Marshal(r.Health(tid))
 		respond(b, nil)
 	case "call":
-		res, err := r.Call(ctx, tid, req.Tool, req.Args, time.Duration(req.TimeoutMs)*time.Millisecond)
-		respond(res, err)
+		// The answer is copied once, from the read buffer into the reply.
+		res, err := r.CallReply(ctx, tid, req.Tool, req.Args, time.Duration(req.TimeoutMs)*time.Millisecond)
+		respond(res.Data, err)
+		res.Release()
 	case "watch":
 		res, err := r.Watch(ctx, tid, req.Path)
 		respond(res, err)

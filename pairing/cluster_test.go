@@ -1,12 +1,15 @@
 package pairing
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/internal/natstest"
@@ -221,4 +224,115 @@ func (tb *tab) doneStatus() <-chan int {
 		ch <- int(tb.closeStatus())
 	}()
 	return ch
+}
+
+// A deferred admit travels with the request's first forwarded call: one
+// round trip, OnAdmit run once on the owner before the tab sees anything;
+// refused, the call fails with *RateLimitError (not in doubt) and the tab
+// sees nothing. A request that made no call settles it with an admit.
+func TestClusterDeferredAdmit(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2)
+	a, b := es[0], es[1]
+	var asked atomic.Int32
+	var refuse atomic.Bool
+	h := *a.reg.hooks.Load()
+	h.OnAdmit = func(string) (bool, int64) {
+		asked.Add(1)
+		if refuse.Load() {
+			return false, 1500
+		}
+		return true, 0
+	}
+	a.reg.SetHooks(h)
+	tok, tid := a.mint("u")
+	tb := a.pair(tok)
+
+	if _, ok := b.reg.DeferAdmit(ctxT(t), tid); ok {
+		t.Fatal("DeferAdmit trusted a tab B never heard about")
+	}
+	if _, ok := a.reg.DeferAdmit(ctxT(t), tid); ok {
+		t.Fatal("DeferAdmit on the tab's own node: Admit is local there")
+	}
+	if paired, _, err := b.reg.Admit(ctxT(t), tid); !paired || err != nil {
+		t.Fatalf("Admit via B = %v %v", paired, err)
+	}
+	asked.Store(0)
+	ctx, ok := b.reg.DeferAdmit(ctxT(t), tid)
+	if !ok {
+		t.Fatal("DeferAdmit right after an admit: not trusted")
+	}
+	before := b.reg.Stats().Cluster.Forwarded
+	done := make(chan error, 1)
+	for range 2 { // the second call of the same request carries no admit
+		go func() {
+			_, err := b.reg.Call(ctx, tid, "get_state", nil, 0)
+			done <- err
+		}()
+		tb.answerNext(`{}`)
+		if err := recv(t, done); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, hops := asked.Load(), b.reg.Stats().Cluster.Forwarded-before; n != 1 || hops != 2 {
+		t.Fatalf("two calls with one deferred admit: OnAdmit ran %d times, %d requests; want 1 and 2", n, hops)
+	}
+	if paired, retry, err := b.reg.SettleAdmit(ctx, tid); !paired || retry != 0 || err != nil || b.reg.Stats().Cluster.Forwarded-before != 2 {
+		t.Fatalf("SettleAdmit after the admit travelled = %v %v %v (a request was made)", paired, retry, err)
+	}
+
+	refuse.Store(true)
+	ctx, ok = b.reg.DeferAdmit(ctxT(t), tid)
+	if !ok {
+		t.Fatal("the reply to a call that carried the admit did not keep the tab fresh")
+	}
+	_, err := b.reg.Call(ctx, tid, "get_state", nil, 0)
+	var rl *RateLimitError
+	if !errors.As(err, &rl) || rl.RetryAfterMs != 1500 || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("Call refused by the owner = %v, want *RateLimitError 1500 ms, not in doubt", err)
+	}
+	// Nothing reached the tab: the next frame it gets is this push.
+	if err := b.reg.Push(tid, map[string]any{"t": "log-push"}); err != nil {
+		t.Fatal(err)
+	}
+	tb.expect("log-push")
+
+	// Settled without a call: one admit round trip, refused.
+	ctx, _ = b.reg.DeferAdmit(ctxT(t), tid)
+	asked.Store(0)
+	if paired, retry, err := b.reg.SettleAdmit(ctx, tid); !paired || retry != 1500 || err != nil || asked.Load() != 1 {
+		t.Fatalf("SettleAdmit without a call = %v %v %v (owner asked %d times)", paired, retry, err, asked.Load())
+	}
+}
+
+// An owner that takes an admit and never answers (it stopped in between)
+// does not leave the gate waiting for ever when the caller's context has
+// no deadline, as an HTTP request's has not: the admit fails after
+// admitTimeout, and the gate answers paused.
+func TestClusterAdmitBounded(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2)
+	a, b := es[0], es[1]
+	_, tid := a.mint("u")
+	sub, err := a.reg.cl.nc.QueueSubscribe(a.reg.cl.subject(tid, "*"), "owner", func(*nats.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := a.reg.cl.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := b.reg.Admit(context.Background(), tid)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Admit of a tab whose owner never answers = %v, want the admit's deadline", err)
+		}
+	case <-time.After(admitTimeout + 10*time.Second):
+		t.Fatal("Admit is still waiting for an owner that never answers")
+	}
 }

@@ -105,7 +105,7 @@ const (
 	MinClientVersion = 2
 )
 
-// Errors from Call, Push and Watch.
+// Errors from Call, Push and Watch (and *RateLimitError, cluster.go).
 var (
 	ErrPaused  = errors.New("pairing: tab not connected") // → 503 paused
 	ErrTimeout = errors.New("pairing: rpc timed out")     // → 504 timeout
@@ -756,6 +756,9 @@ func (r *Registry) call(ctx context.Context, tid, tool string, args any, timeout
 	if err != nil {
 		return callResult{err: err}
 	}
+	if err := r.admitHere(ctx, tid); err != nil {
+		return callResult{err: err}
+	}
 	s.rpcs.Add(1)
 	id := newID()
 	frame, err := rpcFrame(id, tool, args, audit.RequestID(ctx))
@@ -892,6 +895,9 @@ func (r *Registry) Watch(ctx context.Context, tid, path string) (json.RawMessage
 	}
 	s, err := r.live(tid)
 	if err != nil {
+		return nil, err
+	}
+	if err := r.admitHere(ctx, tid); err != nil {
 		return nil, err
 	}
 	id := newID()

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"regexp/syntax"
 	"strconv"
+	"sync"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
@@ -132,7 +133,7 @@ func (c *costCheck) visit(s *jsonschema.Schema, v any, chain []*jsonschema.Schem
 			return
 		}
 	}
-	if s.Types != nil && !s.Types.IsEmpty() && !typeAllows(s.Types.ToStrings(), v) {
+	if s.Types != nil && !s.Types.IsEmpty() && !typeAllows(typeNames(*s.Types), v) {
 		return // the validator stops at the type
 	}
 	if s.Enum != nil && !c.step(len(s.Enum.Values)) {
@@ -258,6 +259,19 @@ func size(v any, limit int) int {
 		n += len(v) / 64
 	}
 	return n
+}
+
+// typeNamesOf caches Types.ToStrings, which allocates, per distinct set of
+// types (a few per policy): the check runs once per subschema per /message.
+var typeNamesOf sync.Map // jsonschema.Types → []string
+
+func typeNames(tt jsonschema.Types) []string {
+	if v, ok := typeNamesOf.Load(tt); ok {
+		return v.([]string)
+	}
+	names := tt.ToStrings()
+	typeNamesOf.Store(tt, names)
+	return names
 }
 
 // typeAllows reports whether the validator's "type" check lets v through

@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -157,11 +158,17 @@ func FuzzAdversarialPolicy(f *testing.F) {
 // read as the discriminant is let through.
 func FuzzSplitMsg(f *testing.F) {
 	for _, s := range []string{`{"type":"a","x":1}`, `{"type":"a","Type":"b"}`, `{"TYPE":"b"}`, `{"type":"a","type":"b"}`,
-		`{"t\u0079pe":"a"}`, `{"type":"a","\u212aind":1}`, `{"kind":"k"}`, `[]`, `{"type":"a"} x`} {
+		`{"t\u0079pe":"a"}`, `{"type":"a","\u212aind":1}`, `{"kind":"k"}`, `[]`, `{"type":"a"} x`,
+		`{"type":null}`, `{"type":"a","Type":1`, `{"a":1,"type":"x"`, `{"<&>":"\u2028","type":"a","é":[1, {"b" : 2}]}`, `{"type":"\u00e9\ud800"}`, `{}`, ``} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		v, payload, err := SplitMsg(msg, "")
+		// The one-pass split answers exactly as the streaming decoder.
+		dv, dp, derr := splitMsgDecoder(msg, DefaultDiscriminant)
+		if v != dv || !bytes.Equal(payload, dp) || fmt.Sprint(err) != fmt.Sprint(derr) {
+			t.Fatalf("SplitMsg(%q) = %q, %q, %v; the decoder: %q, %q, %v", msg, v, payload, err, dv, dp, derr)
+		}
 		if err != nil {
 			return
 		}

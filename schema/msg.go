@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode/utf8"
+
+	"github.com/lapd-dev/lapd/internal/jsonscan"
 )
 
 // ErrBadMsg is wrapped by every SplitMsg error.
@@ -35,6 +38,76 @@ func SplitMsg(msg json.RawMessage, discriminant string) (variant string, payload
 	if discriminant == "" {
 		discriminant = DefaultDiscriminant
 	}
+	// One pass with jsonscan; a msg that is not exactly one valid JSON
+	// object goes to the decoder below, whose errors say where it fails.
+	found := false
+	var first error // the first refusal, in member order (as the decoder meets it)
+	out := make([]byte, 1, len(msg)+1)
+	out[0] = '{'
+	ok := jsonscan.Object(msg, func(key, val []byte) {
+		if first != nil {
+			return
+		}
+		switch {
+		case string(key) == discriminant:
+			if found {
+				first = badMsg("msg has %q twice; send it once", discriminant)
+				return
+			}
+			v, ok := jsonscan.String(val)
+			if !ok && string(val) != "null" { // null reads as "", as json.Unmarshal into a string does
+				first = badMsg("msg.%s must be a string", discriminant)
+				return
+			}
+			variant, found = v, true
+			return
+		case strings.EqualFold(string(key), discriminant):
+			first = badMsg("msg has a field %.40q: name the variant in %q only, and no other field that differs from it only in case (field names are case-sensitive)", string(key), discriminant)
+			return
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = appendKey(out, key)
+		out = append(out, ':')
+		out = append(out, val...)
+	})
+	switch {
+	case !ok:
+		return splitMsgDecoder(msg, discriminant)
+	case first != nil:
+		return "", nil, first
+	case !found:
+		return badMsg3("msg.%s must be a string", discriminant)
+	}
+	return variant, append(out, '}'), nil
+}
+
+func badMsg(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrBadMsg}, a...)...)
+}
+
+func badMsg3(format string, a ...any) (string, json.RawMessage, error) {
+	return "", nil, badMsg(format, a...)
+}
+
+// appendKey appends key as json.Marshal writes the string (HTML-safe).
+func appendKey(out, key []byte) []byte {
+	for _, c := range key {
+		if c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c >= utf8.RuneSelf {
+			kb, _ := json.Marshal(string(key))
+			return append(out, kb...)
+		}
+	}
+	out = append(out, '"')
+	out = append(out, key...)
+	return append(out, '"')
+}
+
+// splitMsgDecoder is SplitMsg with encoding/json's streaming decoder: the
+// reference for the one-pass version (FuzzSplitMsg compares them) and its
+// path for invalid JSON.
+func splitMsgDecoder(msg json.RawMessage, discriminant string) (variant string, payload json.RawMessage, err error) {
 	bad := func(format string, a ...any) (string, json.RawMessage, error) {
 		return "", nil, fmt.Errorf("%w: "+format, append([]any{ErrBadMsg}, a...)...)
 	}

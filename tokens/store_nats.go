@@ -76,12 +76,28 @@ const DefaultNATSBucket = "lapd_tokens"
 // and loads the replica; ctx bounds the loading. The store does not close
 // nc.
 func OpenNATS(ctx context.Context, nc *nats.Conn, bucket string) (*NATSStore, error) {
+	return OpenNATSConfig(ctx, nc, NATSConfig{Bucket: bucket})
+}
+
+// NATSConfig configures OpenNATSConfig.
+type NATSConfig struct {
+	Bucket string // default DefaultNATSBucket
+	// Replicas of the bucket on a JetStream cluster: N > 0 creates it with
+	// N or updates it to N, and fails if the servers cannot; 0 creates a
+	// missing bucket with 1 and keeps an existing one's.
+	Replicas int
+}
+
+// OpenNATSConfig is OpenNATS with the bucket's settings.
+func OpenNATSConfig(ctx context.Context, nc *nats.Conn, cfg NATSConfig) (*NATSStore, error) {
+	bucket := cfg.Bucket
 	if bucket == "" {
 		bucket = DefaultNATSBucket
 	}
 	rep, err := kvrep.Open(ctx, kvrep.Config[natsRecord]{
 		Conn: nc, Bucket: bucket, Prefix: "t.",
-		Index: func(n natsRecord) string { return n.TokenHash },
+		Replicas: cfg.Replicas,
+		Index:    func(n natsRecord) string { return n.TokenHash },
 		Decode: func(_ string, b []byte) (natsRecord, error) {
 			var n natsRecord
 			err := json.Unmarshal(b, &n)

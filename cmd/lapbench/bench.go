@@ -127,7 +127,9 @@ func (b *bench) load(ctx context.Context, p *proc, sc scenario, cn string) (Resu
 		}()
 	}
 	lines0 := p.settledAuditLines() // the set-up's lines (mint, claim) are written asynchronously
+	mallocs0 := p.mallocs(ctx)
 	m := drive(ctx, p, ops, b.o.warm, b.o.d)
+	mallocs1 := p.mallocs(ctx)
 	lines1 := p.settledAuditLines()
 	prof.Wait()
 	if profErr != nil {
@@ -142,6 +144,11 @@ func (b *bench) load(ctx context.Context, p *proc, sc scenario, cn string) (Resu
 		// Lines are counted over the whole drive, warm-up included, and so
 		// are the calls they are divided by.
 		out.AuditPerReq = float64(lines1-lines0) / float64(m.All)
+		if mallocs0 > 0 && mallocs1 > mallocs0 {
+			// with -profile: heap objects over the drive (warm-up included),
+			// per call, like the audit lines
+			out.AllocsPerReq = float64(mallocs1-mallocs0) / float64(m.All)
+		}
 	}
 	return out, nil
 }

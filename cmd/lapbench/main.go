@@ -185,6 +185,9 @@ type Result struct {
 	RSSMiB      float64 `json:"serverRssMiB"`
 	// Audit lines the server wrote to stdout per request (default config).
 	AuditPerReq float64 `json:"auditLinesPerReq,omitempty"`
+	// Heap objects the server allocated per request (with -profile, which
+	// starts the profiler listener that reports them).
+	AllocsPerReq float64 `json:"serverAllocsPerReq,omitempty"`
 	// idle scenarios
 	Tabs         int     `json:"tabs,omitempty"`
 	RSSMintMiB   float64 `json:"rssAfterMintMiB,omitempty"`
@@ -294,8 +297,12 @@ func brief(r Result) string {
 	if r.Tabs > 0 {
 		return fmt.Sprintf("%d tabs: %.1f KiB RSS per tab (%.1f → %.1f MiB)", r.Tabs, r.RSSPerTabKiB, r.RSSMintMiB, r.RSSPairedMiB)
 	}
-	return fmt.Sprintf("%8.0f req/s  p50 %6.0f µs  p99 %6.0f µs  cpu/req %.3f ms  rss %.0f MiB  audit/req %.2f  errors %d",
+	s := fmt.Sprintf("%8.0f req/s  p50 %6.0f µs  p99 %6.0f µs  cpu/req %.3f ms  rss %.0f MiB  audit/req %.2f  errors %d",
 		r.ReqPerS, r.P50us, r.P99us, r.CPUms, r.RSSMiB, r.AuditPerReq, r.Errors)
+	if r.AllocsPerReq > 0 {
+		s += fmt.Sprintf("  allocs/req %.0f", r.AllocsPerReq)
+	}
+	return s
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -328,6 +328,30 @@ func buildLapd(dir string) (string, error) {
 	return out, nil
 }
 
+// mallocs reads the server's count of heap objects allocated since it
+// started (runtime.MemStats.Mallocs, from heap?debug=1); 0 without a
+// profiler listener.
+func (p *proc) mallocs(ctx context.Context) uint64 {
+	if p.pprof == "" {
+		return 0
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.pprof+"/debug/pprof/heap?debug=1", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := mallocsRE.FindSubmatch(b)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.ParseUint(string(m[1]), 10, 64)
+	return n
+}
+
+var mallocsRE = regexp.MustCompile(`(?m)^# Mallocs = ([0-9]+)$`)
+
 // rssAfterGC triggers a GC through the profiler listener (heap?gc=1),
 // gives the runtime two seconds to return memory and reads RSS; without a
 // listener it reads RSS as it is.

@@ -72,6 +72,10 @@ func TestServeFlagsRefuseBadInput(t *testing.T) {
 		{[]string{"--nats-creds", "x.creds"}, nil, "need --nats"},
 		{[]string{"--nats", "nats://127.0.0.1:4222", "--cluster-name", "a.b"}, nil, `--cluster-name "a.b": use letters`},
 		{nil, map[string]string{"LAPD_NATS_CA": "ca.pem"}, "need --nats"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--nats-replicas", "0"}, nil, `--nats-replicas "0": want a number from 1 to 5`},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--nats-replicas", "7"}, nil, `--nats-replicas "7": want a number from 1 to 5`},
+		{nil, map[string]string{"LAPD_NATS": "nats://127.0.0.1:4222", "LAPD_NATS_REPLICAS": "three"}, `--nats-replicas "three"`},
+		{[]string{"--nats-replicas", "3"}, nil, "--nats-replicas needs --nats"},
 	} {
 		_, err := parseServeFlags(tc.args, io.Discard, envMap(tc.env))
 		var ue usageError
@@ -489,6 +493,33 @@ func TestMCPFastPathFlag(t *testing.T) {
 		lc, err := lapdConfig(c, io.Discard, nil)
 		if err != nil || lc.MCPNoFastPath != tc.off {
 			t.Errorf("%v: MCPNoFastPath %v (err %v), want %v", tc.args, lc.MCPNoFastPath, err, tc.off)
+		}
+	}
+}
+
+// --nats-replicas (or LAPD_NATS_REPLICAS) reaches lapd.Config; unset, it is
+// 0: existing buckets keep their replicas.
+func TestNATSReplicasFlag(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want int
+	}{
+		{[]string{"--nats", "nats://127.0.0.1:4222"}, nil, 0},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--nats-replicas", "3"}, nil, 3},
+		{[]string{"--nats", "nats://127.0.0.1:4222"}, map[string]string{"LAPD_NATS_REPLICAS": "5"}, 5},
+	} {
+		c, err := parseServeFlags(tc.args, io.Discard, envMap(tc.env))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := lapdConfig(c, io.Discard, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.NATSReplicas != tc.want {
+			t.Errorf("%v %v: NATSReplicas %d, want %d", tc.args, tc.env, a.NATSReplicas, tc.want)
 		}
 	}
 }

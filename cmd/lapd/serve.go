@@ -278,6 +278,7 @@ func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config,
 			host, _ := os.Hostname()
 			acfg.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
 		}
+		acfg.NATSReplicas = c.NATSReplicas
 		if c.NATSCreds != "" {
 			acfg.NATSOptions = append(acfg.NATSOptions, nats.UserCredentials(c.NATSCreds))
 		}

@@ -51,6 +51,8 @@ type serveConfig struct {
 	NATSKey     string
 	ClusterName string
 	NodeID      string
+	// NATSReplicas: 0 = unset (1 for new buckets, existing ones keep theirs).
+	NATSReplicas int
 
 	IdentityCookie    string
 	IdentityCookieKey string
@@ -101,6 +103,8 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.String(&c.NATSCA, "nats-ca", "", "PEM file of the CA that signed the NATS server's certificate, for --nats with TLS")
 	fs.String(&c.NATSCert, "nats-cert", "", "PEM client certificate for NATS mutual TLS (with --nats-key)")
 	fs.String(&c.NATSKey, "nats-key", "", "PEM client key for NATS mutual TLS (with --nats-cert)")
+	var replicas string
+	fs.String(&replicas, "nats-replicas", "", "copies JetStream keeps of the cluster's KV buckets and audit stream, 1 to 5 (more than 1 needs a JetStream cluster of that many servers); each node makes every bucket and the stream have this many, and refuses to start if the servers cannot; unset: 1 for what the node creates, and what exists keeps its replicas (docs/CLUSTER.md)")
 	fs.String(&c.ClusterName, "cluster-name", "lapd", "prefix of the NATS subjects and KV buckets: every node of one cluster uses the same; two clusters on one NATS use different ones")
 	fs.String(&c.NodeID, "node-id", "", "this node's name in logs and NATS connection names; default host-pid")
 	fs.String(&c.IdentityCookie, "identity-cookie", "", "name of a signed cookie <uid>.<base64url(HMAC-SHA256(key, uid))> that names the user for mint")
@@ -130,6 +134,16 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	}
 	if c.NATS == "" && (c.NATSCreds != "" || c.NATSCA != "" || c.NATSCert != "") {
 		return c, usageError{"--nats-creds, --nats-ca and --nats-cert need --nats"}
+	}
+	if replicas != "" {
+		n, err := strconv.Atoi(replicas)
+		if err != nil || n < 1 || n > 5 {
+			return c, usageError{fmt.Sprintf("--nats-replicas %q: want a number from 1 to 5 (JetStream keeps at most 5 copies)", replicas)}
+		}
+		if c.NATS == "" {
+			return c, usageError{"--nats-replicas needs --nats"}
+		}
+		c.NATSReplicas = n
 	}
 	if c.NATS != "" && c.Store == "memory" {
 		return c, usageError{"--store memory cannot be shared by a cluster: with --nats, tokens and approvals live in NATS (drop --store)"}

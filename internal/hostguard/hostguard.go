@@ -56,6 +56,10 @@ func OnLoopback(r *http.Request) bool {
 	if !ok || a == nil {
 		return false
 	}
+	if ta, ok := a.(*net.TCPAddr); ok && ta != nil { // net/http's usual: no String and parse per request
+		ip, ok := netip.AddrFromSlice(ta.IP)
+		return ok && ip.Unmap().IsLoopback()
+	}
 	ap, err := netip.ParseAddrPort(a.String())
 	if err != nil {
 		return false

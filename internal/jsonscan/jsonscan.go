@@ -39,7 +39,7 @@ const MaxDepth = 10000
 // Valid reports whether b is exactly one JSON value (with optional
 // surrounding white space).
 func Valid(b []byte) bool {
-	i, ok := value(b, skipWS(b, 0))
+	i, ok := value(b, skipWS(b, 0), MaxDepth)
 	return ok && skipWS(b, i) == len(b)
 }
 
@@ -73,7 +73,7 @@ func Object(b []byte, fn func(key, value []byte)) bool {
 		}
 		i = skipWS(b, i+1)
 		vs := i
-		if i, ok = value(b, i); !ok {
+		if i, ok = value(b, i, MaxDepth-1); !ok { // inside the outer container
 			return false
 		}
 		if needsDecode(key) {
@@ -92,6 +92,40 @@ func Object(b []byte, fn func(key, value []byte)) bool {
 		case ',':
 			i = skipWS(b, i+1)
 		case '}':
+			return skipWS(b, i+1) == len(b)
+		default:
+			return false
+		}
+	}
+}
+
+// Array reports whether b is exactly one JSON array and calls fn for each of
+// its elements, in order, with the raw value (trimmed, aliasing b). As with
+// Object, fn is called only while the array is valid so far.
+func Array(b []byte, fn func(value []byte)) bool {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '[' {
+		return false
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return skipWS(b, i+1) == len(b)
+	}
+	for {
+		vs := i
+		var ok bool
+		if i, ok = value(b, i, MaxDepth-1); !ok { // inside the outer container
+			return false
+		}
+		fn(b[vs:i])
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return false
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case ']':
 			return skipWS(b, i+1) == len(b)
 		default:
 			return false
@@ -180,7 +214,7 @@ func skipWS(b []byte, i int) int {
 // value skips the value starting at b[i] (no leading white space) and
 // returns the index after it. Containers are walked with an explicit stack,
 // so nesting costs no Go stack.
-func value(b []byte, i int) (int, bool) {
+func value(b []byte, i int, maxDepth int) (int, bool) {
 	var fixed [64]byte
 	stack := fixed[:0] // '{' or '[' per open container
 	var ok bool
@@ -195,7 +229,7 @@ func value(b []byte, i int) (int, bool) {
 				return i, false
 			}
 		case c == '{':
-			if len(stack) >= MaxDepth { // an empty container counts too
+			if len(stack) >= maxDepth { // an empty container counts too
 				return i, false
 			}
 			i = skipWS(b, i+1)
@@ -209,7 +243,7 @@ func value(b []byte, i int) (int, bool) {
 			}
 			continue
 		case c == '[':
-			if len(stack) >= MaxDepth { // an empty container counts too
+			if len(stack) >= maxDepth { // an empty container counts too
 				return i, false
 			}
 			i = skipWS(b, i+1)

@@ -9,10 +9,11 @@ import (
 
 var seeds = []string{
 	`{}`, ` { } `, `{"t":"rpc-reply","id":"a","result":{"state":{"x":[1,2,{"y":null}]}}}`,
-	`{"a":1,"a":2}`, `{"k\u0074":"v"}`, `{"t":"x\"y\\z\/\b\f\n\r\t\u00e9"}`, `[1,2,3]`, `"s"`, `-0.5e+10`, `true`, `null`,
+	`{"a":1,"a":2}`, `{"k\u0074":"v"}`, `{"t":"x\"y\\z\/\b\f\n\r\t\u00e9"}`, `[1,2,3]`, ` [ ] `, `[ 1 , {"a":[2]} , "x" ]`, `[1 2]`, `[1]]`, `"s"`, `-0.5e+10`, `true`, `null`,
 	`{"a":}`, `{"a" 1}`, `{a:1}`, `{"a":1,}`, `[1,]`, `01`, `1.`, `1e`, `-`, `"\x"`, "\"a\x01\"", `{"a":1}x`, `{"a":"é"}`,
 	"\"\xff\"", `{"a":[[[[]]]]}`, `tru`, `{"":""}`, `"\u12G4"`, `[` + strings.Repeat(`"abcdefghij",`, 50) + `1]`,
 	strings.Repeat("[", 10001) + strings.Repeat("]", 10001), strings.Repeat("[", 10000) + strings.Repeat("]", 10000),
+	`{"a":` + strings.Repeat("[", 9999) + strings.Repeat("]", 9999) + `}`, `{"a":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `}`,
 }
 
 // FuzzAgainstEncodingJSON: Valid and Object accept exactly what
@@ -25,6 +26,22 @@ func FuzzAgainstEncodingJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if got, want := Valid(b), json.Valid(b); got != want {
 			t.Fatalf("Valid(%q) = %v, json.Valid = %v", short(b), got, want)
+		}
+		var elems []json.RawMessage
+		aok := Array(b, func(v []byte) { elems = append(elems, append(json.RawMessage(nil), v...)) })
+		var welems []json.RawMessage
+		if aerr := json.Unmarshal(b, &welems); aok != (aerr == nil && welems != nil) {
+			t.Fatalf("Array(%q) = %v, encoding/json array: %v (%v)", short(b), aok, welems != nil, aerr)
+		}
+		if aok {
+			if len(elems) != len(welems) {
+				t.Fatalf("Array(%q): %d elements, encoding/json %d", short(b), len(elems), len(welems))
+			}
+			for i := range welems {
+				if !bytes.Equal(elems[i], bytes.TrimSpace(welems[i])) {
+					t.Fatalf("Array(%q)[%d] = %q, encoding/json %q", short(b), i, elems[i], welems[i])
+				}
+			}
 		}
 		got := map[string]json.RawMessage{}
 		ok := Object(b, func(k, v []byte) { got[string(k)] = append(json.RawMessage(nil), v...) })

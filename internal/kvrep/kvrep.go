@@ -51,10 +51,43 @@ type Config[T any] struct {
 	// made by any node (this one included), after the replica has it, on
 	// the watcher goroutine, in revision order. deleted=true: v is zero.
 	OnChange func(key string, v T, rev uint64, deleted bool)
-	Replicas int // JetStream replicas of the bucket's stream; default 1
+	// Replicas of the bucket's stream (JetStream clustering): N > 0 makes
+	// the bucket have N (created so, or updated to N), and fails when the
+	// servers cannot; 0 creates a missing bucket with 1 and leaves an
+	// existing one's as they are (see Bucket).
+	Replicas int
 	// Index, if set, names each value under a second key (e.g. a token
 	// hash) that Lookup finds; "" = not indexed.
 	Index func(v T) string
+}
+
+// Bucket creates or updates the bucket cfg describes and binds it, with
+// replicas copies of its stream: N > 0 is a requirement (created with N, or
+// an existing bucket updated to N; an error that names the bucket and N if
+// the servers refuse, e.g. more replicas than JetStream servers); 0 keeps
+// an existing bucket's replicas (so a node started without the setting
+// never scales down a bucket others asked for) and creates a missing one
+// with 1. With 0, an update refused for another reason (a bucket made with
+// other settings, a user allowed to read the bucket's config but not to
+// change it) binds the bucket as it is.
+func Bucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, replicas int) (jetstream.KeyValue, error) {
+	cfg.Replicas = max(replicas, 1)
+	if replicas <= 0 {
+		if st, err := js.Stream(ctx, "KV_"+cfg.Bucket); err == nil {
+			cfg.Replicas = max(st.CachedInfo().Config.Replicas, 1)
+		}
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+	if err == nil {
+		return kv, nil
+	}
+	if replicas > 0 {
+		return nil, fmt.Errorf("kvrep: bucket %s with %d replicas: %w", cfg.Bucket, replicas, err)
+	}
+	if kv, err2 := js.KeyValue(ctx, cfg.Bucket); err2 == nil {
+		return kv, nil
+	}
+	return nil, fmt.Errorf("kvrep: bucket %s: %w", cfg.Bucket, err)
 }
 
 // Replica is the replica. Safe for concurrent use.
@@ -78,13 +111,9 @@ func Open[T any](ctx context.Context, cfg Config[T]) (*Replica[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	replicas := max(cfg.Replicas, 1)
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: cfg.Bucket, History: 1, Storage: jetstream.FileStorage, Replicas: replicas})
+	kv, err := Bucket(ctx, js, jetstream.KeyValueConfig{Bucket: cfg.Bucket, History: 1, Storage: jetstream.FileStorage}, cfg.Replicas)
 	if err != nil {
-		// A bucket made by another node with other settings is still ours.
-		if kv, err = js.KeyValue(ctx, cfg.Bucket); err != nil {
-			return nil, fmt.Errorf("kvrep: bucket %s: %w", cfg.Bucket, err)
-		}
+		return nil, err
 	}
 	r := &Replica[T]{cfg: cfg, KV: kv, items: map[string]Item[T]{}, tomb: map[string]uint64{}, index: map[string]string{}, done: make(chan struct{})}
 	// The watcher's own context outlives Open's: it runs until Close.

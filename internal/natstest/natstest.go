@@ -22,12 +22,26 @@ type Server struct {
 // in a temporary directory; it is shut down when t's test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{
+	return StartWith(t, nil)
+}
+
+// StartWith is Start with the server's options changed by mod first (users
+// and their permissions, for example); mod may be nil.
+func StartWith(t testing.TB, mod func(*server.Options)) *Server {
+	t.Helper()
+	o := &server.Options{
 		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
 		NoLog: true, NoSigs: true,
-	})
+	}
+	if mod != nil {
+		mod(o)
+	}
+	s, err := server.NewServer(o)
 	if err != nil {
 		t.Fatalf("natstest: %v", err)
+	}
+	if !o.NoLog {
+		s.ConfigureLogger() // to stderr
 	}
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
