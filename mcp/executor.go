@@ -634,7 +634,7 @@ func (e *Executor) forward(ctx context.Context, d toolDef, a args, b Binding, p 
 		if !ok {
 			return nil, errUnexpected
 		}
-		o := newObj(make([]byte, 0, len(raw)+128))
+		o := newObj(renderBuf(ctx, len(raw)+512))
 		if a.verbose() {
 			withFields(o, raw)
 		} else {
@@ -666,7 +666,8 @@ func (e *Executor) forward(ctx context.Context, d toolDef, a args, b Binding, p 
 		}
 		e.rememberActions(b.Handle, acts, as)
 		o := newObj(nil)
-		o.raw("actions", encodeActions(nil, as))
+		o.key("actions")
+		o.b = encodeActions(o.b, as)
 		return result(o.close()), nil
 	case "get_confirm_result":
 		return e.confirmResult(b, raw, a.verbose())

@@ -21,6 +21,7 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
 
+	"github.com/lapd-dev/lapd/internal/jsonscan"
 	"github.com/lapd-dev/lapd/lap"
 )
 
@@ -37,7 +38,9 @@ import (
 //
 //   - Content-Type application/json; a JSON object with exactly the members
 //     jsonrpc ("2.0"), id (a string or a number), method ("tools/call") and
-//     params, each once; params decoded by mcp-go's own CallToolParams, with
+//     params, each once; params decoded as mcp-go's CallToolParams decodes
+//     them (read from their parts when they have the usual shape, by
+//     CallToolParams itself otherwise; FuzzParseToolCall compares), with
 //     a tool lapd serves, no task, no multi-round-trip answers and no
 //     progress token (progress is sent as SSE events: mcp-go's job);
 //   - modern (2026-07-28): the checks mcp-go makes, with its exported
@@ -121,7 +124,8 @@ type fastPath struct {
 type fastTool struct {
 	handler      mcpserver.ToolHandlerFunc
 	tool         mcpgo.Tool
-	paramHeaders bool // the tool declares x-mcp-header parameters (none of lapd's do)
+	paramHeaders bool            // the tool declares x-mcp-header parameters (none of lapd's do)
+	nameParams   json.RawMessage // {"name":…}: what the standard-header check reads of params
 }
 
 // responseTemplate is mcp-go's encoding of a tools/call response whose
@@ -133,8 +137,9 @@ type responseTemplate struct {
 // fastResult carries a result's structuredContent bytes from finish to the
 // fast path's writer.
 type fastResult struct {
-	res mcpgo.CallToolResult // what finish returns in its place
-	sc  []byte
+	res     mcpgo.CallToolResult // what finish returns in its place
+	sc      []byte
+	scratch *respBuf // renderBuf's pooled buffer (sc may alias it), released by run
 }
 
 type fastKey struct{}
@@ -153,7 +158,8 @@ func (f *fastPath) init(cfg Config, e *Executor, srv *mcpserver.MCPServer, trans
 	f.tools = map[string]fastTool{}
 	for _, d := range e.defs {
 		t := d.mcpTool()
-		f.tools[d.name] = fastTool{handler: e.toolHandler(d), tool: t, paramHeaders: len(mcpgo.ExtractParamHeaderBindings(&t)) > 0}
+		np, _ := json.Marshal(map[string]string{"name": d.name})
+		f.tools[d.name] = fastTool{handler: e.toolHandler(d), tool: t, paramHeaders: len(mcpgo.ExtractParamHeaderBindings(&t)) > 0, nameParams: np}
 	}
 	return f.probe(cfg)
 }
@@ -341,15 +347,17 @@ func jsonContentType(ct string) bool {
 // and encodes the id, and c.req.Params as mcp-go decodes them, and returns
 // the raw params. Anything else is false (mcp-go answers it).
 // FuzzParseToolCall checks it against mcp-go's own decoding.
+//
+// The body is validated once, as it is split (jsonscan); the common shapes
+// of an id and of params are then read from their parts, and anything
+// unusual goes through encoding/json as mcp-go decodes it.
 func parseToolCall(body []byte, c *fastCall) (params []byte, ok bool) {
-	ms, ok := members(body)
-	if !ok || len(ms) != 4 {
-		return nil, false
-	}
 	var jsonrpc, id, method []byte
-	for _, m := range ms {
+	n, bad := 0, false
+	if !jsonscan.Object(body, func(k, v []byte) {
+		n++
 		var slot *[]byte
-		switch m.key {
+		switch string(k) {
 		case "jsonrpc":
 			slot = &jsonrpc
 		case "id":
@@ -359,35 +367,183 @@ func parseToolCall(body []byte, c *fastCall) (params []byte, ok bool) {
 		case "params":
 			slot = &params
 		default:
-			return nil, false
+			bad = true
+			return
 		}
 		if *slot != nil {
-			return nil, false // a member twice
+			bad = true // a member twice
 		}
-		*slot = m.val
+		*slot = v
+	}) || bad || n != 4 {
+		return nil, false
 	}
 	if string(jsonrpc) != `"2.0"` || string(method) != `"tools/call"` || len(params) == 0 || params[0] != '{' {
 		return nil, false
 	}
-	// the id as HandleMessage decodes it (into an any) and its responses
-	// encode it (mcpgo.NewRequestId(id))
-	if json.Unmarshal(id, &c.id) != nil {
+	if !parseID(id, c) {
 		return nil, false
+	}
+	p := &c.req.Params
+	if !parseParams(params, p) && json.Unmarshal(params, p) != nil {
+		return nil, false
+	}
+	if p.Task != nil || p.InputResponses != nil || p.RequestState != "" {
+		return nil, false
+	}
+	return params, true
+}
+
+// parseID reads a JSON-RPC id (valid JSON) as HandleMessage decodes it
+// (into an any) and as its responses encode it (mcpgo.NewRequestId(id)):
+// a plain integer of up to 15 digits is a float64 written back as it came,
+// a string of printable ASCII with nothing encoding/json escapes is itself;
+// anything else goes through encoding/json. null (a notification) and
+// other kinds are false: mcp-go answers them.
+func parseID(id []byte, c *fastCall) bool {
+	if plainInt(id) {
+		v, err := strconv.ParseInt(string(id), 10, 64)
+		if err == nil {
+			c.id, c.idJSON = float64(v), id
+			return true
+		}
+	}
+	if plainString(id) {
+		c.id, c.idJSON = string(id[1:len(id)-1]), id
+		return true
+	}
+	if json.Unmarshal(id, &c.id) != nil {
+		return false
 	}
 	switch c.id.(type) {
 	case string, float64:
 	default:
-		return nil, false // null is a notification; other ids are left to mcp-go
+		return false
 	}
 	var err error
-	if c.idJSON, err = json.Marshal(mcpgo.NewRequestId(c.id)); err != nil {
+	c.idJSON, err = json.Marshal(mcpgo.NewRequestId(c.id))
+	return err == nil
+}
+
+// plainInt: 0 or -?[1-9][0-9]{0,14}, exact as a float64 and formatted
+// back by encoding/json digit for digit (-0 is left to encoding/json: it
+// decodes to a negative zero).
+func plainInt(b []byte) bool {
+	if len(b) > 0 && b[0] == '-' {
+		b = b[1:]
+		if len(b) > 0 && b[0] == '0' {
+			return false
+		}
+	}
+	if len(b) == 0 || len(b) > 15 || (b[0] == '0' && len(b) > 1) {
+		return false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// plainString: a quoted string of printable ASCII without the characters
+// encoding/json escapes when it writes a string back (\, ", <, >, &).
+func plainString(b []byte) bool {
+	if len(b) < 2 || b[0] != '"' || b[len(b)-1] != '"' {
+		return false
+	}
+	for _, c := range b[1 : len(b)-1] {
+		if c < 0x20 || c >= 0x7f || c == '\\' || c == '"' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
+}
+
+// parseParams decodes params (a valid JSON object) into p as
+// CallToolParams.UnmarshalJSON does, when its members are only name (a
+// string), arguments and _meta, each once and spelt exactly; false leaves
+// p as it was, for encoding/json.
+func parseParams(params []byte, p *mcpgo.CallToolParams) bool {
+	var name, args, meta []byte
+	bad := false
+	jsonscan.Object(params, func(k, v []byte) {
+		var slot *[]byte
+		switch string(k) {
+		case "name":
+			slot = &name
+		case "arguments":
+			slot = &args
+		case "_meta":
+			slot = &meta
+		default:
+			bad = true
+			return
+		}
+		if *slot != nil {
+			bad = true
+		}
+		*slot = v
+	})
+	if bad || len(name) == 0 || name[0] != '"' {
+		return false
+	}
+	nm, ok := jsonscan.String(name)
+	if !ok {
+		return false
+	}
+	var q mcpgo.CallToolParams
+	q.Name = nm
+	if meta != nil && string(meta) != "null" {
+		// (*mcpgo.Meta).UnmarshalJSON: the object as a map, its
+		// progressToken taken out
+		raw, ok := decodeAny(meta)
+		m, isObj := raw.(map[string]any)
+		if !ok || !isObj {
+			return false
+		}
+		q.Meta = &mcpgo.Meta{ProgressToken: m["progressToken"], AdditionalFields: m}
+		delete(m, "progressToken")
+	}
+	if args != nil {
+		q.RawArguments = append(json.RawMessage(nil), args...)
+		var ok bool
+		if q.Arguments, ok = decodeAny(args); !ok {
+			return false
+		}
+	}
+	*p = q
+	return true
+}
+
+// decodeAny decodes v (valid JSON) as encoding/json decodes it into an
+// any: objects into map[string]any (the last of a repeated key wins),
+// strings as they read (invalid UTF-8 as U+FFFD), numbers as float64;
+// arrays go through encoding/json itself.
+func decodeAny(v []byte) (any, bool) {
+	if len(v) == 0 {
 		return nil, false
 	}
-	p := &c.req.Params
-	if json.Unmarshal(params, p) != nil || p.Task != nil || p.InputResponses != nil || p.RequestState != "" {
-		return nil, false
+	switch c := v[0]; {
+	case c == '{':
+		m := map[string]any{}
+		ok := true
+		jsonscan.Object(v, func(k, x []byte) {
+			val, vok := decodeAny(x)
+			ok = ok && vok
+			m[string(k)] = val
+		})
+		return m, ok
+	case c == '"':
+		return jsonscan.String(v)
+	case c == 't' || c == 'f':
+		return jsonscan.Bool(v)
+	case c == 'n':
+		return nil, string(v) == "null"
+	case c == '-' || (c >= '0' && c <= '9'):
+		return jsonscan.Float(v)
 	}
-	return params, true
+	var x any
+	return x, json.Unmarshal(v, &x) == nil
 }
 
 // accept decides whether the fast path takes r; it writes nothing.
@@ -419,7 +575,9 @@ func (f *fastPath) accept(r *http.Request, body []byte) (fastCall, bool) {
 		if caps == nil {
 			return c, false
 		}
-		if mcpgo.ValidateStandardHeaders(r.Header.Get, mv, mcpgo.MethodToolsCall, params) != nil {
+		// mcp-go reads the name in params as CallToolParams did: the
+		// tool's (FuzzParseToolCall checks it), so the check reads that.
+		if mcpgo.ValidateStandardHeaders(r.Header.Get, mv, mcpgo.MethodToolsCall, c.tool.nameParams) != nil {
 			return c, false
 		}
 		if c.tool.paramHeaders && mcpgo.ValidateParamHeadersLookup(headerLookup(r.Header), &c.tool.tool, params) != nil {
@@ -481,6 +639,11 @@ func (f *fastPath) run(w http.ResponseWriter, r *http.Request, c fastCall) {
 	defer f.inflight.Delete(key)
 	fr := &fastResult{}
 	ctx = context.WithValue(ctx, fastKey{}, fr)
+	defer func() {
+		if fr.scratch != nil {
+			putRespBuf(fr.scratch)
+		}
+	}()
 
 	res, err := f.call(ctx, c)
 

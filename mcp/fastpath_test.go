@@ -587,6 +587,15 @@ func FuzzParseToolCall(f *testing.F) {
 		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"observe"]}`,
 		`{"jsonrpc":"2.0","id":1,"\u006dethod":"tools/call","params":{"name":"observe","_meta":{"a":1},"_META":{"b":2}}}`,
 		`{"jsonrpc":"2.0","id":"\ud800","method":"tools/call","params":{"name":"obs\u0000erve"}}`,
+		`{"jsonrpc":"2.0","id":"a<b>&c","method":"tools/call","params":{"name":"observe","arguments":{"x":[1,2.5e3,"y"]},"_meta":null}}`,
+		`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"observe","arguments":{"s":"a\u00e9\n","n":-1.5E-3,"b":true,"f":false,"z":null,"o":{"k":{"k":1}},"s":"again","big":1e400},"_meta":{"progressToken":"p","x":{"y":[null]}}}}`,
+		`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"observe","arguments":"str","_meta":{"progressToken":null}}}`,
+		`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"observe","arguments":{"\u0041":"\ud800x"},"_meta":[1]}}`,
+		`{"jsonrpc":"2.0","id":-0,"method":"tools/call","params":{"_meta":{"progressToken":7},"name":"x\xffy","arguments":null}}`,
+		`{"jsonrpc":"2.0","id":123456789012345,"method":"tools/call","params":{"name":"observe","name":"other"}}`,
+		`{"jsonrpc":"2.0","id":1234567890123456,"method":"tools/call","params":{"name":"observe","arguments":{}}}`,
+		`{"jsonrpc":"2.0","id":"plain id","method":"tools/call","params":{"name":"a\u0062c","arguments":{"a":1},"task":{"ttl":1}}}`,
+		"{\"jsonrpc\":\"2.0\",\"id\":\"\x01\",\"method\":\"tools/call\",\"params\":{\"name\":\"ob\x7fs\"}}",
 	} {
 		f.Add([]byte(s))
 	}
@@ -618,7 +627,7 @@ func FuzzParseToolCall(f *testing.F) {
 		if err := json.Unmarshal(body, &base); err != nil || base.JSONRPC != "2.0" || base.Method != mcpgo.MethodToolsCall || base.Result != nil {
 			t.Fatalf("mcp-go's base message of %q: %v %+v", body, err, base)
 		}
-		if !reflect.DeepEqual(base.ID, c.id) {
+		if !reflect.DeepEqual(base.ID, c.id) || fmt.Sprint(base.ID) != fmt.Sprint(c.id) { // the in-flight key prints it
 			t.Fatalf("id of %q: mcp-go %#v, fast path %#v", body, base.ID, c.id)
 		}
 		idJSON, _ := json.Marshal(mcpgo.NewRequestId(base.ID))
@@ -646,6 +655,11 @@ func FuzzParseToolCall(f *testing.F) {
 		}
 		if json.Unmarshal(body, &w2) != nil || !bytes.Equal(w2.Params, params) {
 			t.Fatalf("params bytes of %q (the standard-header check reads them): mcp-go %s, fast path %s", body, w2.Params, params)
+		}
+		// the standard-header check reads the tool's name where mcp-go reads
+		// the whole params
+		if name, ok := mcpgo.ExtractHeaderName(mcpgo.MethodToolsCall, w2.Params); !ok || name != c.req.Params.Name {
+			t.Fatalf("name of %q in the standard-header check: mcp-go %q %v, fast path %q", body, name, ok, c.req.Params.Name)
 		}
 	})
 }

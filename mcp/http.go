@@ -259,6 +259,11 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
+		// The fast path takes only a tools/call (never an initialize), so
+		// it goes first and spares its requests the check below.
+		if h.fast != nil && h.fast.serve(w, r, body) {
+			return
+		}
 		// Only a legacy initialize mints a session. A modern (2026-07-28)
 		// request named initialize is a removed method (mcp-go answers 404)
 		// and must not spend the caller's session-creation budget.
@@ -267,9 +272,6 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if h.fast != nil {
-			if h.fast.serve(w, r, body) {
-				return
-			}
 			if isCancelledNotification(body) {
 				sr := &statusRecorder{ResponseWriter: w}
 				h.mcp.ServeHTTP(sr, r)

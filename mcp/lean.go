@@ -368,6 +368,31 @@ func compactObject(v []byte) []byte {
 	return o.close()
 }
 
+// compact writes k with v as compactObject(v) renders it, in place (no
+// copy of v first), or nothing when compactObject(v) is nil.
+func (o *objw) compact(k string, v []byte) {
+	ms, ok := members(v)
+	if !ok {
+		if !isEmpty(v) {
+			o.raw(k, v)
+		}
+		return
+	}
+	mark, n := len(o.b), o.n
+	o.key(k)
+	in := newObj(o.b)
+	for _, m := range ms {
+		if !isEmpty(m.val) {
+			in.raw(m.key, m.val)
+		}
+	}
+	if in.n == 0 {
+		o.b, o.n = o.b[:mark], n
+		return
+	}
+	o.b = in.close()
+}
+
 // healthWrong reports whether a LAP health object says something is wrong:
 // the tab is not connected, or it is hidden (its timers may be throttled).
 func healthWrong(h []byte) bool {

@@ -2,9 +2,11 @@ package mcp
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func keys(ms []member) []string {
@@ -249,5 +251,61 @@ func FuzzAppendJSONString(f *testing.F) {
 		if !json.Valid(appendJSONString(nil, []byte(s))) {
 			t.Fatalf("%q: the []byte form is not valid JSON", s)
 		}
+		if ref := refJSONString(s); string(ours) != ref || string(appendJSONString([]byte("x"), []byte(s))) != "x"+ref {
+			t.Fatalf("%q: encoded as %q, want %q", s, ours, ref)
+		}
 	})
+}
+
+// refJSONString is the escaping appendJSONString promises, rune by rune:
+// what a model reads (the text copy of a result) must not change with it.
+func refJSONString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == '"' || r == '\\':
+			b.WriteString(`\` + string(r))
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x20 || r == '\u2028' || r == '\u2029':
+			fmt.Fprintf(&b, `\u%04x`, r)
+		case r == utf8.RuneError && size == 1:
+			b.WriteString(`\ufffd`)
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// objw.compact writes what compactObject renders, after other members or
+// none, and nothing when compactObject has nothing.
+func TestObjwCompact(t *testing.T) {
+	for _, v := range []string{``, `null`, `{}`, `{"a":null,"b":""}`, `{"a":1,"b":null,"c":[],"d":{"e":null}}`, `"text"`, `[1]`, `[]`, `{"k\u00e9":"v"}`} {
+		for _, before := range []bool{false, true} {
+			want := newObj(nil)
+			got := newObj(nil)
+			if before {
+				want.int("x", 1)
+				got.int("x", 1)
+			}
+			if c := compactObject([]byte(v)); c != nil {
+				want.raw("docs", c)
+			}
+			got.compact("docs", []byte(v))
+			got.str("after", "y")
+			want.str("after", "y")
+			if w, g := want.close(), got.close(); string(w) != string(g) {
+				t.Errorf("compact(%s), before=%v: %s, want %s", v, before, g, w)
+			}
+		}
+	}
 }

@@ -78,19 +78,16 @@ func (e *Executor) renderObservation(o *objw, ob observation, first bool) (omitt
 	}
 	switch {
 	case ob.leanOK:
-		o.raw("actions", encodeActions(nil, ob.lean))
+		o.key("actions")
+		o.b = encodeActions(o.b, ob.lean)
 	case ob.actions != nil:
 		o.raw("actions", ob.actions)
 	}
-	if d := compactObject(ob.docs); d != nil {
-		o.raw("docs", d)
-	}
+	o.compact("docs", ob.docs)
 	if !isEmpty(ob.stateSchema) {
 		o.raw("stateSchema", ob.stateSchema)
 	}
-	if c := compactObject(ob.context); c != nil {
-		o.raw("context", c)
-	}
+	o.compact("context", ob.context)
 	if ob.health != nil && healthWrong(ob.health) {
 		o.raw("health", ob.health)
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -160,6 +161,22 @@ func withSplicer(ctx context.Context, sp *splicer) context.Context {
 func splicerFrom(ctx context.Context) *splicer {
 	sp, _ := ctx.Value(spliceKey{}).(*splicer)
 	return sp
+}
+
+// renderBuf returns an empty buffer with room for n bytes, to render a
+// result into. On the fast path the result only lives until the response is
+// written (run copies it out), so the buffer comes from a pool and goes back
+// after; elsewhere (mcp-go keeps the result) it is a new one.
+func renderBuf(ctx context.Context, n int) []byte {
+	fr := fastResultFrom(ctx)
+	if fr == nil {
+		return make([]byte, 0, n)
+	}
+	if fr.scratch == nil {
+		fr.scratch = getRespBuf()
+	}
+	fr.scratch.b = slices.Grow(fr.scratch.b[:0], n)
+	return fr.scratch.b
 }
 
 // finish completes a successful result: the text copy of its
