@@ -277,7 +277,8 @@ var collectorMetrics = []struct {
 	{"lapd_ws_sent_bytes_total", "Payload bytes of the WebSocket messages written to tabs.", nil},
 	{"lapd_ws_frames_dropped_total", "Inbound tab frames dropped, by reason (malformed, unknown-type, unknown-reply: an answer nobody waits for).", []string{"reason"}},
 	{"lapd_ws_upgrades_refused_total", "Requests to the tab WebSocket answered with an error instead of an upgrade.", nil},
-	{"lapd_ws_closes_total", "Tab sockets lapd closed, by reason (superseded, heartbeat, queue-overflow, overloaded: the hello did not fit the buffer budget).", []string{"reason"}},
+	{"lapd_ws_closes_total", "Tab sockets lapd closed, by reason (superseded, heartbeat, queue-overflow, overloaded: the hello did not fit the buffer budget, write-timeout: a frame took longer than the write timeout).", []string{"reason"}},
+	{"lapd_memory_releases_total", "Times the garbage of a burst of tab pairings was returned to the OS once the burst was over (at most once a minute).", nil},
 	{"lapd_approvals_pending", "Approvals waiting for a human now.", nil},
 	{"lapd_ws_frames_throttled_total", "Inbound tab frames read late because the socket went over its frame or byte rate (nothing is dropped).", nil},
 	{"lapd_kept_bytes", "Bytes of session data kept in memory now, by part (tab-buffers: log rings and hellos; idempotency: remembered /message results; policies: compiled hello.policy; approval-outcomes; approval-payloads).", []string{"part"}},
@@ -334,6 +335,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter("lapd_ws_closes_total", st.HeartbeatCloses, "heartbeat")
 	counter("lapd_ws_closes_total", st.QueueOverflowCloses, "queue-overflow")
 	counter("lapd_ws_closes_total", st.OverloadCloses, "overloaded")
+	counter("lapd_ws_closes_total", st.WriteTimeouts, "write-timeout")
+	counter("lapd_memory_releases_total", st.MemoryReleases)
 	counter("lapd_ws_frames_throttled_total", st.Throttled)
 	cs, ls := s.confirm.Stats(), s.lap.Stats()
 	gauge("lapd_approvals_pending", float64(cs.Pending))

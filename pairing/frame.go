@@ -343,7 +343,7 @@ func (c *conn) handle(buf *bytes.Buffer) (kept bool) {
 }
 
 // hello caches the tab's hello, answers hello-ack and, the first time on this
-// socket, calls OnPaired.
+// socket, calls OnPaired (before hello-ack is written).
 func (c *conn) hello(f inFrame) {
 	r, s := c.r, c.s
 	if f.LapVersion != nil && *f.LapVersion < MinClientVersion {
@@ -387,7 +387,10 @@ func (c *conn) hello(f inFrame) {
 	}
 	ack := `{"t":"hello-ack","lapVersion":` + strconv.Itoa(LapVersion) + `,"minClientVersion":` + strconv.Itoa(MinClientVersion) +
 		`,"heartbeatMs":` + strconv.FormatInt(r.cfg.PingInterval.Milliseconds(), 10) + `}`
-	if c.enqueue([]byte(ack)) != nil {
+	// hello-ack is written once OnPaired has returned: a tab that has it
+	// is counted as paired everywhere (e.g. /healthz), and what OnPaired
+	// pushes follows it.
+	if c.send([]byte(ack), sendHold) != nil {
 		return
 	}
 	c.mu.Lock()
@@ -399,6 +402,7 @@ func (c *conn) hello(f inFrame) {
 			hooks.OnPaired(s.tid, c.repair)
 		}
 	}
+	c.flush()
 }
 
 // rpcFrame builds {t:'rpc', id, tool, args} plus lapd's optional rid (the
@@ -419,15 +423,21 @@ func rpcFrame(id, tool string, args any, rid string) ([]byte, error) {
 	if len(bytes.TrimSpace(a)) == 0 {
 		a = []byte("{}")
 	}
-	toolJSON, err := json.Marshal(tool)
-	if err != nil {
-		return nil, err
-	}
-	b := make([]byte, 0, len(a)+len(toolJSON)+64)
+	b := make([]byte, 0, len(a)+len(tool)+len(rid)+64)
 	b = append(b, `{"t":"rpc","id":"`...)
 	b = append(b, id...)
 	b = append(b, `","tool":`...)
-	b = append(b, toolJSON...)
+	if plainString(tool) { // what json.Marshal would write, without its allocations
+		b = append(b, '"')
+		b = append(b, tool...)
+		b = append(b, '"')
+	} else {
+		toolJSON, err := json.Marshal(tool)
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, toolJSON...)
+	}
 	b = append(b, `,"args":`...)
 	b = append(b, a...)
 	if rid != "" && audit.ValidRequestID(rid) { // nothing to escape
@@ -437,6 +447,18 @@ func rpcFrame(id, tool string, args any, rid string) ([]byte, error) {
 	}
 	b = append(b, '}')
 	return b, nil
+}
+
+// plainString reports whether json.Marshal writes s as itself in quotes
+// (printable ASCII, nothing it escapes).
+func plainString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20, c >= 0x7f, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
 }
 
 // marshalFrame turns a Push argument into bytes.

@@ -189,6 +189,7 @@ type Stats struct {
 	Superseded          int64 // sockets closed because a newer one for the same tid arrived
 	HeartbeatCloses     int64 // sockets closed with 4408
 	QueueOverflowCloses int64 // sockets closed with 4008
+	WriteTimeouts       int64 // sockets closed because a frame took longer than WriteTimeout to write
 	RefusedApprovals    int64 // confirm-resolved frames refused (a socket that superseded a live tab without the tab secret)
 	ActiveTabs          int   // tids with a live socket now
 	HeldTabs            int   // tids held: live, or closed and kept for Retention
@@ -202,6 +203,8 @@ type Stats struct {
 
 	FramesIn, FramesOut int64 // WebSocket messages read from and written to tabs
 	BytesIn, BytesOut   int64 // their payload bytes
+
+	MemoryReleases int64 // garbage of a burst of pairings returned to the OS once it was over (release.go)
 
 	Cluster ClusterStats // forwarding to and from other nodes (Config.Cluster)
 }
@@ -225,7 +228,7 @@ type Health struct {
 // Hooks let the composition root react to tab events. Each may be nil. They
 // are called from the tab's reader goroutine and must not block for long.
 type Hooks struct {
-	OnPaired          func(tid string, repair bool) // after the socket is registered and hello-ack sent
+	OnPaired          func(tid string, repair bool) // after the socket is registered and hello-ack queued; the tab gets hello-ack once it returns
 	OnClosed          func(tid string)              // the tab's socket is gone (not when superseded)
 	OnConfirmResolved func(tid string, r ConfirmResolved)
 	// OnLogAppend runs after a log-append entry is put in the ring. echo
@@ -251,7 +254,7 @@ type Config struct {
 	PingInterval   time.Duration   // default 15s; a tab that misses two pongs is closed
 	RPCTimeout     time.Duration   // default 15s (Call with timeout 0)
 	SendQueue      int             // frames queued per tab; default 256; full → tab closed
-	WriteTimeout   time.Duration   // default 10s
+	WriteTimeout   time.Duration   // default 10s; checked every registry tick (at most 1s)
 	MaxFrame       int64           // default 4 MiB
 	Retention      time.Duration   // buffers kept after close; default 60s
 	MaxClosed      int             // closed tabs whose buffers are kept; default 128
@@ -277,6 +280,7 @@ type Registry struct {
 	hooks  atomic.Pointer[Hooks]
 	hellos helloTable
 	park   parker
+	rel    releaser
 
 	// testHookConnect, set by a test before serving, runs in connect
 	// after a successful upgrade, before the token record moves.
@@ -295,7 +299,7 @@ type Registry struct {
 
 	malformed, unknown, unknownReplies, refused atomic.Int64
 	superseded, hbCloses, overflowCloses        atomic.Int64
-	refusedApprovals                            atomic.Int64
+	refusedApprovals, writeTimeouts             atomic.Int64
 
 	bufBytes                               atomic.Int64 // rings and hellos kept
 	logDropped, closedShed, throttled      atomic.Int64
@@ -388,6 +392,7 @@ func New(cfg Config) (*Registry, error) {
 	}
 	r := &Registry{cfg: cfg, sessions: map[string]*session{}, closed: list.New(), stop: make(chan struct{})}
 	r.park.init(r)
+	r.rel.init()
 	h := cfg.Hooks
 	r.hooks.Store(&h)
 	if cfg.Cluster != nil {
@@ -483,6 +488,7 @@ func (r *Registry) Stats() Stats {
 		Superseded:          r.superseded.Load(),
 		HeartbeatCloses:     r.hbCloses.Load(),
 		QueueOverflowCloses: r.overflowCloses.Load(),
+		WriteTimeouts:       r.writeTimeouts.Load(),
 		RefusedApprovals:    r.refusedApprovals.Load(),
 		ActiveTabs:          active,
 		HeldTabs:            held,
@@ -496,6 +502,7 @@ func (r *Registry) Stats() Stats {
 		FramesOut:           r.framesOut.Load(),
 		BytesIn:             r.bytesIn.Load(),
 		BytesOut:            r.bytesOut.Load(),
+		MemoryReleases:      r.rel.releases.Load(),
 		Cluster:             r.clusterStats(),
 	}
 }
@@ -763,7 +770,7 @@ func (r *Registry) call(ctx context.Context, tid, tool string, args any, timeout
 		return callResult{err: err}
 	}
 	sent := true
-	if err := c.enqueue(frame); err != nil {
+	if err := c.send(frame, sendInline); err != nil { // written here when no writer runs
 		// The socket went away between await and enqueue: its close (or a
 		// successor) retires the call; if nobody has yet, we do.
 		if s.retire(&s.calls, id, callResult{err: ErrPaused}) {
@@ -771,14 +778,32 @@ func (r *Registry) call(ctx context.Context, tid, tool string, args any, timeout
 		}
 		sent = false
 	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
+	t := getTimer(timeout)
 	res := s.wait(&s.calls, id, ch, t.C, ctx)
+	putTimer(t)
 	var re *RPCError
 	if res.err != nil && sent && !errors.As(res.err, &re) {
 		res.err = inDoubt{res.err} // the tab may have run it: see inDoubt
 	}
 	return res
+}
+
+// timerPool holds stopped call timers: one per call was a tenth of the
+// registry's garbage under load. (Since Go 1.23 a stopped or reset timer
+// never delivers a stale time.)
+var timerPool sync.Pool
+
+func getTimer(d time.Duration) *time.Timer {
+	if t, ok := timerPool.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+func putTimer(t *time.Timer) {
+	t.Stop()
+	timerPool.Put(t)
 }
 
 // Push queues a server→tab frame (any JSON-marshalable value with a "t"

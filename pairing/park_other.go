@@ -12,4 +12,5 @@ func (p *parker) park(*conn) bool { return false }
 func (p *parker) unpark(*conn)    {}
 func (p *parker) stop()           {}
 func (p *parker) closeFDs()       {}
+func (p *parker) count() int      { return 0 }
 func connFD(net.Conn) int         { return -1 }

@@ -3,6 +3,7 @@ package pairing
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -57,5 +58,25 @@ func TestReplyInReadBuffer(t *testing.T) {
 	}
 	if !bytes.Equal(b, []byte(big('b'))) {
 		t.Fatalf("Call's result changed after later frames: %.40s…", b)
+	}
+}
+
+// TestRPCFrameToolEncoding: rpcFrame writes the tool name exactly as
+// json.Marshal does, whether it takes the plain-string shortcut or not.
+func TestRPCFrameToolEncoding(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []string{"observe", "send_message", "a-b.c/d 1", "", "<b>", "a&b", `q"uote`, `back\slash`, "tab\there", "é", "\u2028", "\x7f"} {
+		b, err := rpcFrame("id1", tool, nil, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := json.Marshal(tool)
+		if !bytes.Contains(b, []byte(`"tool":`+string(want)+`,`)) {
+			t.Errorf("tool %q: frame %s, want the tool written as %s", tool, b, want)
+		}
+		var f struct{ Tool string }
+		if err := json.Unmarshal(b, &f); err != nil || f.Tool != tool {
+			t.Errorf("tool %q: frame %s decodes to %q (%v)", tool, b, f.Tool, err)
+		}
 	}
 }

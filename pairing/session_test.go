@@ -614,3 +614,31 @@ func TestClosedBuffersExpire(t *testing.T) {
 	}
 	_ = tid2
 }
+
+// TestWriteTimeoutClosesStuckTab: a tab that stops reading blocks its
+// writer; once a frame has taken longer than WriteTimeout the socket is
+// closed, and counted.
+func TestWriteTimeoutClosesStuckTab(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config, _ *tokens.Config) {
+		c.PingInterval = 3 * time.Second // ticks every second; heartbeats are no concern here
+		c.WriteTimeout = 300 * time.Millisecond
+		c.SendQueue = 1000
+	})
+	tok, tid := e.mint("")
+	tb := e.dial(tok, dialOpts{noReader: true}) // never reads
+	tb.send(map[string]any{"t": "hello", "appName": "x", "schemaHash": "h"})
+	recv(t, e.paired)
+	big := json.RawMessage(`{"t":"log-push","entry":"` + strings.Repeat("x", 1<<20) + `"}`)
+	for range 64 { // far more than the socket buffers hold
+		if err := e.reg.Push(tid, big); err != nil {
+			t.Fatalf("Push: %v", err)
+		}
+	}
+	if got := recv(t, e.closed); got != tid {
+		t.Fatalf("closed %q, want %q", got, tid)
+	}
+	if s := e.reg.Stats(); s.WriteTimeouts != 1 || s.QueueOverflowCloses != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -65,34 +64,38 @@ type conn struct {
 	kicked   bool          // the registry loop ended that wait: the tab is idle (guarded by mu)
 
 	in      inbound       // the socket's inbound frame and byte rates (kept across parks)
-	br      *bufio.Reader // the socket's read buffer (from Hijack), for parking
+	sock    sock          // what the library reads and closes (see sock)
+	br      *bufio.Reader // the library's read buffer over sock (from Hijack), for parking
 	closeMu sync.Mutex    // held around ws.Close, whose handshake reads br too
 	fd      int           // the socket's file descriptor (-1 = unknown: never parked)
 	parkID  int32         // non-zero while parked (guarded by Registry.park.mu)
 	reads   atomic.Uint64 // frames read; the loop compares it between ticks
-	seen    uint64        // reads at the loop's last tick (loop goroutine only)
+	// writeSince is when the writer's frame in progress began (ms; 0 =
+	// none): the registry loop closes a socket whose write has taken
+	// longer than WriteTimeout (checkWrite).
+	writeSince atomic.Int64
+	seen       uint64 // reads at the loop's last tick (loop goroutine only)
 }
 
 // closeGrace bounds a server-initiated close handshake.
 const closeGrace = time.Second
 
-// hijackRecorder keeps the net.Conn that websocket.Accept hijacks, and
-// hands the library small buffers: net/http gives the hijacker its 4 KiB
-// read buffer and a fresh 4 KiB write buffer, which an idle tab would keep
-// for its whole life (8 KiB of its memory). Frames larger than a buffer are
-// read and written past it, so only small frames go through them.
+// hijackRecorder hands the WebSocket library the accepted socket as c.sock
+// (reads through a pooled buffer held only while bytes wait, see sock), a
+// bufio.Reader of sockPeekSize over it and a small write buffer: net/http
+// gives the hijacker its 4 KiB read buffer and a fresh 4 KiB write buffer,
+// which an idle tab would keep for its whole life. Frames larger than the
+// write buffer are written past it.
 type hijackRecorder struct {
 	http.ResponseWriter
+	c  *conn
 	nc net.Conn
 	br *bufio.Reader
 }
 
-// Buffer sizes of an accepted socket: a ping, a log-append or an rpc frame
-// fits in one read or write.
-const (
-	readBufSize  = 512
-	writeBufSize = 256
-)
+// writeBufSize is an accepted socket's write buffer: an rpc frame or a pong
+// fits in one write.
+const writeBufSize = 256
 
 func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	nc, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
@@ -100,22 +103,18 @@ func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nc, brw, err
 	}
 	h.nc = nc
-	br := bufio.NewReaderSize(nc, readBufSize)
+	// Bytes the client sent right after its request (its first frames)
+	// were read by net/http: they are read first.
+	var early []byte
 	if n := brw.Reader.Buffered(); n > 0 {
-		// Bytes the client sent right after its request (its first frames)
-		// must stay buffered: websocket.Accept keeps what the reader it
-		// gets has buffered and reads the rest from the connection.
-		early, _ := brw.Reader.Peek(n)
-		br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(early)), nc), max(readBufSize, n))
-		if _, err := br.Peek(n); err != nil {
-			return nc, brw, err
-		}
+		early, _ = brw.Reader.Peek(n)
 	}
+	h.c.sock.init(nc, early)
 	if err := brw.Writer.Flush(); err != nil {
 		return nc, brw, err
 	}
-	h.br = br
-	return nc, bufio.NewReadWriter(br, bufio.NewWriterSize(nc, writeBufSize)), nil
+	h.br = bufio.NewReaderSize(&h.c.sock, sockPeekSize)
+	return &h.c.sock, bufio.NewReadWriter(h.br, bufio.NewWriterSize(nc, writeBufSize)), nil
 }
 
 // refuse writes the JSON error envelope and audits the refusal.
@@ -291,7 +290,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 
 	c := &conn{r: r, s: s, tab: rec.TabHash != ""}
-	hr := &hijackRecorder{ResponseWriter: w}
+	hr := &hijackRecorder{ResponseWriter: w, c: c}
 	ws, err := websocket.Accept(hr, req, &websocket.AcceptOptions{
 		Subprotocols: []string{Subprotocol},
 		// The Origin check was done above (allowlist or same-origin, with
@@ -476,6 +475,7 @@ func (r *Registry) register(s *session, c *conn) (*conn, bool) {
 	s.accepts++
 	s.connectedAt, s.lastHB = now, now
 	s.mu.Unlock()
+	r.rel.accepted.Add(1)
 	if !r.loopOn {
 		r.loopOn = true
 		r.wg.Add(1)
@@ -505,6 +505,7 @@ func (r *Registry) connGone(c *conn, readErr error) {
 	code := c.code
 	c.mu.Unlock()
 	c.ws.CloseNow()
+	c.sock.release()
 
 	r.mu.Lock()
 	s := c.s
@@ -583,8 +584,26 @@ func (r *Registry) trimClosedLocked() {
 	}
 }
 
+// How send hands a frame to the writer.
+type sendMode int
+
+const (
+	sendAsync  sendMode = iota // start a writer goroutine if none runs
+	sendInline                 // write on the caller's goroutine if no writer runs
+	sendHold                   // only queue: a later send or flush writes it
+)
+
 // enqueue queues b for the writer; a full queue closes the socket with 4008.
-func (c *conn) enqueue(b []byte) error {
+func (c *conn) enqueue(b []byte) error { return c.send(b, sendAsync) }
+
+// send queues b for the writer, or, inline with no writer running, writes
+// it on the caller's goroutine and then drains what others queued
+// meanwhile: a call's rpc frame goes out without a goroutine hand-off (the
+// caller waits for the reply anyway). Either way one writer at a time
+// writes, each write bounded by WriteTimeout (checkWrite); a full queue
+// closes the socket with 4008. The reader never writes inline: it must keep
+// reading.
+func (c *conn) send(b []byte, mode sendMode) error {
 	c.mu.Lock()
 	if c.closing || c.gone {
 		c.mu.Unlock()
@@ -597,18 +616,42 @@ func (c *conn) enqueue(b []byte) error {
 		return ErrPaused
 	}
 	c.q = append(c.q, b)
-	if !c.writing {
-		c.writing = true
-		c.wdone = make(chan struct{})
-		c.r.wg.Add(1) // legal: the live reader holds a count (c.gone is false)
-		go c.writeLoop(c.wdone)
+	if c.writing || mode == sendHold {
+		c.mu.Unlock()
+		return nil
 	}
-	c.mu.Unlock()
+	c.startWriterLocked(mode == sendInline)
 	return nil
 }
 
-// writeLoop drains the queue and exits when it is empty (or the socket is
-// closing: close writes what is left after this writer's batch).
+// flush starts a writer for frames queued with sendHold, if none runs.
+func (c *conn) flush() {
+	c.mu.Lock()
+	if c.writing || len(c.q) == 0 || c.closing || c.gone {
+		c.mu.Unlock()
+		return
+	}
+	c.startWriterLocked(false)
+}
+
+// startWriterLocked starts the writer (inline: on this goroutine). Caller
+// holds c.mu, which it releases.
+func (c *conn) startWriterLocked(inline bool) {
+	c.writing = true
+	done := make(chan struct{})
+	c.wdone = done
+	c.r.wg.Add(1) // legal: the live reader holds a count (c.gone is false)
+	c.mu.Unlock()
+	if inline {
+		c.writeLoop(done)
+	} else {
+		go c.writeLoop(done)
+	}
+}
+
+// writeLoop drains the queue and returns when it is empty (or the socket is
+// closing: close writes what is left after this writer's batch). It runs on
+// its own goroutine or inline in send.
 func (c *conn) writeLoop(done chan struct{}) {
 	defer c.r.wg.Done()
 	defer close(done)
@@ -625,9 +668,12 @@ func (c *conn) writeLoop(done chan struct{}) {
 		c.inFlight = len(batch)
 		c.mu.Unlock()
 		for i, b := range batch {
-			ctx, cancel := context.WithTimeout(context.Background(), c.r.cfg.WriteTimeout)
-			err := c.ws.Write(ctx, websocket.MessageText, b)
-			cancel()
+			// Bounded by WriteTimeout through writeSince (see
+			// checkWrite), not a context: a timer and a context per
+			// frame were a kilobyte of garbage per call.
+			c.writeSince.Store(time.Now().UnixMilli())
+			err := c.ws.Write(context.Background(), websocket.MessageText, b)
+			c.writeSince.Store(0)
 			if err == nil {
 				c.r.framesOut.Add(1)
 				c.r.bytesOut.Add(int64(len(b)))
@@ -713,8 +759,9 @@ func (c *conn) heartbeat(app bool) {
 }
 
 // loop is the registry-wide heartbeat, park and sweep loop: every tick
-// (a third of PingInterval, at most parkAfter) it trims closed sessions and
-// kicks idle readers so they park; every PingInterval it pings. It exits on
+// (a third of PingInterval, at most parkAfter) it trims closed sessions,
+// kicks idle readers so they park and, after a burst of pairings, returns
+// its garbage (releaser); every PingInterval it pings. It exits on
 // Shutdown or when no tid is left.
 func (r *Registry) loop() {
 	defer r.wg.Done()
@@ -748,12 +795,26 @@ func (r *Registry) loop() {
 		if pingNow {
 			lastPing = time.Now()
 		}
+		now := time.Now().UnixMilli()
 		for _, c := range conns {
+			c.checkWrite(now)
 			c.kickIfIdle()
 			if pingNow {
 				c.ping()
 			}
 		}
+		r.rel.tick(time.Now())
+	}
+}
+
+// checkWrite closes c's socket when the frame its writer is writing has
+// taken longer than WriteTimeout (the tab stopped reading): the write fails
+// and the reader cleans up. Checked every registry tick, so a write may take
+// up to a tick longer. Called by the registry loop only.
+func (c *conn) checkWrite(now int64) {
+	if since := c.writeSince.Load(); since != 0 && now-since > c.r.cfg.WriteTimeout.Milliseconds() {
+		c.r.writeTimeouts.Add(1)
+		c.ws.CloseNow()
 	}
 }
 
@@ -821,13 +882,14 @@ var errFrameTooBig = errors.New("pairing: inbound frame over MaxFrame")
 
 // readLoop reads frames until the socket ends and returns why it ended.
 //
-// Idle, it waits for the next byte in waitReadable, called from this small
+// Idle, it waits for the next bytes in sock.wait, called from this small
 // frame, rather than deep inside the WebSocket library's reader: an idle
 // tab's goroutine then uses little of its stack, which the runtime shrinks
-// (to 4 KiB; see docs/PERFORMANCE.md).
+// (to 4 KiB; see docs/PERFORMANCE.md). The wait reads what arrived (a reply
+// and the log-append behind it, often) in one system call.
 func (c *conn) readLoop() error {
 	for {
-		if c.bufferEmpty() && c.waitIdle() && c.r.park.park(c) {
+		if c.bufferEmpty() && c.waitIdle() && c.bufferEmpty() && c.r.park.park(c) {
 			return errParked
 		}
 		if err := c.readFrame(); err != nil {
@@ -838,20 +900,22 @@ func (c *conn) readLoop() error {
 	}
 }
 
-// bufferEmpty reports whether no byte waits in the read buffer (only then
-// may the reader wait on the socket itself). While lapd closes the socket
-// the library's close handshake reads the buffer: then it waits for that.
+// bufferEmpty reports whether no byte (nor a read error) waits in the read
+// buffers (only then may the reader wait on the socket itself, or park it). While lapd closes
+// the socket the library's close handshake reads the buffer: then it waits
+// for that.
 func (c *conn) bufferEmpty() bool {
 	if c.br == nil {
 		return false
 	}
 	c.closeMu.Lock()
 	defer c.closeMu.Unlock()
-	return c.br.Buffered() == 0
+	return c.br.Buffered() == 0 && !c.sock.pending()
 }
 
-// waitIdle waits until the socket has something to read; true means the
-// registry loop found the tab idle meanwhile (kick), so it may be parked.
+// waitIdle waits until the socket has something to read (and has read
+// it); true means the registry loop found the tab idle meanwhile (kick), so
+// it may be parked if nothing was read.
 func (c *conn) waitIdle() bool {
 	c.mu.Lock()
 	if c.closing || c.gone {
@@ -860,7 +924,7 @@ func (c *conn) waitIdle() bool {
 	}
 	c.inWait = true
 	c.mu.Unlock()
-	waitReadable(c.nc)
+	c.sock.wait()
 	c.mu.Lock()
 	c.inWait = false
 	kicked := c.kicked
