@@ -9,9 +9,12 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/lapd-dev/lapd/lap"
 )
 
 func benchObserve(b *testing.B, call func() (*mcpgo.CallToolResult, error)) {
@@ -54,17 +57,23 @@ func BenchmarkObserveHTTP(b *testing.B) {
 // BenchmarkObserveEndpoint: one 2026-07-28 observe tools/call handed to the
 // /agent/mcp handler (no network, fake LAP answering 10 KiB of state), with
 // the fast path and through mcp-go (DisableFastPath): the endpoint's own
-// cost per call. The response goes to a writer that keeps one buffer, as
+// cost per call. The fake LAP client lends the body from a pool as the
+// in-process client's CallLent does; fast-nolend has only Call, which
+// hands over a new copy per call (what the executor got before it lent). The response goes to a writer that keeps one buffer, as
 // net/http's does, so B/op is the endpoint's; on Linux cpu-ns/op is the CPU
 // time of the calling thread (the call runs on it), which other processes
 // on a shared machine inflate much less than ns/op.
 func BenchmarkObserveEndpoint(b *testing.B) {
 	for _, mode := range []struct {
-		name    string
-		disable bool
-	}{{"fast", false}, {"mcp-go", true}} {
+		name          string
+		disable, lend bool
+	}{{"fast", false, true}, {"fast-nolend", false, false}, {"mcp-go", true, true}} {
 		b.Run(mode.name, func(b *testing.B) {
-			lc := &rawObserveLAP{fakeLAP: newFakeLAP(), raw: json.RawMessage(`{"state":` + bigState() + `,"actions":` + twoActions + `,"description":{"name":"Todo","version":"1","schemaHash":"h1"},"context":null,"health":{"connected":true}}`)}
+			rl := &rawObserveLAP{fakeLAP: newFakeLAP(), raw: json.RawMessage(`{"state":` + bigState() + `,"actions":` + twoActions + `,"description":{"name":"Todo","version":"1","schemaHash":"h1"},"context":null,"health":{"connected":true}}`)}
+			var lc lap.Client = rl
+			if mode.lend {
+				lc = &lendingRawLAP{rl}
+			}
 			hh := newHTTPHarness(b, func(c *HTTPConfig) { c.DisableFastPath = mode.disable; c.Client = lc })
 			post := func(body string) *httptest.ResponseRecorder {
 				r := httptest.NewRequest(http.MethodPost, "/agent/mcp", strings.NewReader(body))
@@ -136,8 +145,9 @@ func (w *sinkWriter) Write(p []byte) (int, error) {
 
 func (w *sinkWriter) Flush() {}
 
-// rawObserveLAP answers /observe with fixed bytes, as the in-process LAP
-// client hands over a tab's reply (the fake's re-encoding would dominate).
+// rawObserveLAP answers /observe with a copy of fixed bytes, as the
+// in-process LAP client's Call hands over a tab's reply in a buffer of its
+// own (the fake's re-encoding would dominate).
 type rawObserveLAP struct {
 	*fakeLAP
 	raw json.RawMessage
@@ -145,9 +155,29 @@ type rawObserveLAP struct {
 
 func (l *rawObserveLAP) Call(ctx context.Context, base, token, route string, body any) (json.RawMessage, error) {
 	if route == "/observe" {
-		return l.raw, nil
+		return bytes.Clone(l.raw), nil
 	}
 	return l.fakeLAP.Call(ctx, base, token, route, body)
+}
+
+// lendingRawLAP is rawObserveLAP with the in-process client's CallLent:
+// the copy goes into a pooled buffer that Release puts back.
+type lendingRawLAP struct{ *rawObserveLAP }
+
+var benchBodies = sync.Pool{New: func() any { return new(benchBody) }}
+
+type benchBody struct{ b []byte }
+
+func (b *benchBody) Release() { benchBodies.Put(b) }
+
+func (l *lendingRawLAP) CallLent(ctx context.Context, base, token, route string, body any) (json.RawMessage, lap.Lease, error) {
+	if route != "/observe" {
+		raw, err := l.Call(ctx, base, token, route, body)
+		return raw, nil, err
+	}
+	bb := benchBodies.Get().(*benchBody)
+	bb.b = append(bb.b[:0], l.raw...)
+	return bb.b, bb, nil
 }
 
 // gjsonName is the tool name of a tools/call body (Mcp-Name).
