@@ -101,7 +101,7 @@ func browserChain(t *testing.T, transport string) {
 	// is registered asynchronously, so the test keeps toggling (each toggle
 	// is a change) until the call returns.
 	wres := waitWhileTicking(t, tab, mc, args("path", "/tasks", "timeoutMs", 15000))
-	if wres.IsError || wres.SC["status"] != "changed" || !strings.Contains(browserJSON(wres.SC["stateAfter"]), `"tasks"`) {
+	if wres.IsError || wres.SC["status"] != "changed" || !strings.Contains(browserJSON(wres.SC["value"]), `"done"`) || wres.SC["stateAfter"] != nil {
 		t.Fatalf("wait_for_change: %v %s", wres.IsError, wres.Text)
 	}
 

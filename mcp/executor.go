@@ -684,7 +684,9 @@ func (e *Executor) forward(ctx context.Context, d toolDef, a args, b Binding, p 
 		return e.confirmResult(b, raw, a.verbose())
 	case "wait_for_change":
 		if !a.verbose() {
-			if c := compactObject(raw); c != nil {
+			if lw := leanWait(raw, a.str("path")); lw != nil {
+				raw = lw
+			} else if c := compactObject(raw); c != nil {
 				raw = c
 			}
 		}

@@ -531,3 +531,61 @@ func encodePatch(b []byte, ops []patchOp) []byte {
 	}
 	return append(b, ']')
 }
+
+// atPointer returns the value at the JSON Pointer ptr (RFC 6901) in doc;
+// ok is false when some step does not exist. "" is the whole document.
+func atPointer(doc []byte, ptr string) (v []byte, ok bool) {
+	v = doc
+	if ptr == "" {
+		return v, true
+	}
+	if ptr[0] != '/' {
+		return nil, false
+	}
+	for _, tok := range strings.Split(ptr[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		if ms, isObj := members(v); isObj {
+			if v = get(ms, tok); v == nil {
+				return nil, false
+			}
+			continue
+		}
+		es, isArr := elements(v)
+		if !isArr {
+			return nil, false
+		}
+		n, err := strconv.Atoi(tok)
+		if err != nil || n < 0 || n >= len(es) || (len(tok) > 1 && tok[0] == '0') || tok[0] == '+' {
+			return nil, false
+		}
+		v = es[n]
+	}
+	return v, true
+}
+
+// leanWait renders /wait's answer for a model that watched path: the part
+// at path instead of the whole state (the model asked about that part;
+// observe gives the rest). nil when the answer is not a change or path is
+// empty: the caller passes it on as it came.
+func leanWait(raw []byte, path string) []byte {
+	if path == "" {
+		return nil
+	}
+	ms, ok := members(raw)
+	if !ok || jstr(get(ms, "status")) != "changed" {
+		return nil
+	}
+	state := get(ms, "stateAfter")
+	if state == nil {
+		return nil
+	}
+	o := newObj(make([]byte, 0, 64))
+	o.str("status", "changed")
+	if v, found := atPointer(state, path); found {
+		o.raw("value", v)
+	} else {
+		o.bool("found", false)
+		o.str("next", "Nothing is at path now (it was removed); observe shows the whole state.")
+	}
+	return o.close()
+}

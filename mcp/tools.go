@@ -319,10 +319,10 @@ func catalogue(mode Mode) []toolDef {
 			title: "Wait for a change",
 			core:  true,
 			desc: "Wait up to timeoutMs until the state changes (at path, or anywhere) because the user or the network changed it; use it when you asked the user to do something. " +
-				"Returns {status:\"changed\", stateAfter} or {status:\"timeout\"}.",
+				"Returns {status:\"changed\", value} (the part at path; stateAfter, the whole state, without path) or {status:\"timeout\"}.",
 			readOnly: true, idempotent: true,
 			props:  []prop{{name: "path", schema: strMax("JSON Pointer to watch (omit for all).", 1024)}, {name: "timeoutMs", schema: integer("Wait this long (default 10000).", 0, MaxTimeoutMs)}},
-			out:    []prop{out("status", "string", "changed | timeout."), out("stateAfter", "", "The whole state after the change.")},
+			out:    []prop{out("status", "string", "changed | timeout."), out("value", "", "With path: the value there after the change (found:false: none)."), out("stateAfter", "", "Without path: the whole state.")},
 			route:  "/wait",
 			budget: budgetWait,
 		},
