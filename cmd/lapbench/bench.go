@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -115,16 +116,29 @@ func (b *bench) load(ctx context.Context, p *proc, sc scenario, cn string) (Resu
 	var prof sync.WaitGroup
 	var profErr error
 	if b.o.profileDir != "" && p.pprof != "" {
-		prof.Add(1)
-		go func() {
-			defer prof.Done()
-			time.Sleep(b.o.warm)
-			secs := int(b.o.d / time.Second)
-			if secs < 1 {
-				secs = 1
+		// Every node of a cluster, at once: <scenario>-<config>-n<i>.
+		nodes := append([]*proc{p}, p.peers...)
+		var mu sync.Mutex
+		for i, q := range nodes {
+			name := sc.Name + "-" + cn
+			if len(nodes) > 1 {
+				name += fmt.Sprint("-n", i)
 			}
-			profErr = p.profile(ctx, b.o.profileDir, sc.Name+"-"+cn, secs)
-		}()
+			prof.Add(1)
+			go func() {
+				defer prof.Done()
+				time.Sleep(b.o.warm)
+				secs := int(b.o.d / time.Second)
+				if secs < 1 {
+					secs = 1
+				}
+				if err := q.profile(ctx, b.o.profileDir, name, secs); err != nil {
+					mu.Lock()
+					profErr = errors.Join(profErr, err)
+					mu.Unlock()
+				}
+			}()
+		}
 	}
 	lines0 := p.settledAuditLines() // the set-up's lines (mint, claim) are written asynchronously
 	mallocs0 := p.mallocs(ctx)
@@ -141,6 +155,19 @@ func (b *bench) load(ctx context.Context, p *proc, sc scenario, cn string) (Resu
 	if m.N > 0 {
 		out.CPUms = float64(m.CPU.Microseconds()) / 1e3 / float64(m.N)
 		out.ClientCPUms = float64(m.Client.Microseconds()) / 1e3 / float64(m.N)
+		if len(m.Parts) > 1 {
+			var parts []string
+			for i, d := range m.Parts {
+				ms := float64(d.Microseconds()) / 1e3 / float64(m.N)
+				out.CPUPartsMs = append(out.CPUPartsMs, ms)
+				who := fmt.Sprint("n", i)
+				if i > len(p.peers) {
+					who = "nats-server"
+				}
+				parts = append(parts, fmt.Sprintf("%s %.3f", who, ms))
+			}
+			fmt.Fprintf(b.log, "(server CPU ms/req by process: %s) ", strings.Join(parts, ", "))
+		}
 		// Lines are counted over the whole drive, warm-up included, and so
 		// are the calls they are divided by.
 		out.AuditPerReq = float64(lines1-lines0) / float64(m.All)
@@ -282,6 +309,15 @@ func medians(rs []Result) []Result {
 		m.P99us = med(func(r Result) float64 { return r.P99us })
 		m.CPUms = med(func(r Result) float64 { return r.CPUms })
 		m.ClientCPUms = med(func(r Result) float64 { return r.ClientCPUms })
+		m.CPUPartsMs = nil
+		for i := range g[0].CPUPartsMs {
+			m.CPUPartsMs = append(m.CPUPartsMs, med(func(r Result) float64 {
+				if i < len(r.CPUPartsMs) {
+					return r.CPUPartsMs[i]
+				}
+				return 0
+			}))
+		}
 		m.RSSMiB = med(func(r Result) float64 { return r.RSSMiB })
 		m.AuditPerReq = med(func(r Result) float64 { return r.AuditPerReq })
 		m.RSSPerTabKiB = med(func(r Result) float64 { return r.RSSPerTabKiB })
@@ -320,6 +356,22 @@ func markdown(rep Report) string {
 		b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, r := range idle {
 			fmt.Fprintf(&b, "| %s | %s | %.1f | %.1f | %.1f | %.1f | %.2f | %d |\n", r.Scenario, r.Config, r.RSSMintMiB, r.RSSPairedMiB, r.RSSPerTabKiB, r.RSSPerTabGCKiB, r.IdleCPUPerTab, r.Errors)
+		}
+	}
+	var parts []Result
+	for _, r := range rep.Medians {
+		if len(r.CPUPartsMs) > 1 {
+			parts = append(parts, r)
+		}
+	}
+	if len(parts) > 0 {
+		b.WriteString("\n| scenario | config | server CPU ms/req by process: node A (the tab's), B, C, nats-server |\n| --- | --- | --- |\n")
+		for _, r := range parts {
+			v := make([]string, len(r.CPUPartsMs))
+			for i, ms := range r.CPUPartsMs {
+				v[i] = fmt.Sprintf("%.3f", ms)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", r.Scenario, r.Config, strings.Join(v, " / "))
 		}
 	}
 	b.WriteString(targets(rep.Medians))

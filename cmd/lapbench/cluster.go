@@ -100,7 +100,7 @@ func (b *bench) startCluster(ctx context.Context, cfg config, pprofOn bool) (*pr
 	var first *proc
 	for i := range cfg.Nodes {
 		flags := append([]string{"--nats", b.nats.URL, "--cluster-name", name, "--node-id", fmt.Sprint("n", i)}, cfg.Flags...)
-		p, err := startLapd(b.bin, config{Name: cfg.Name, Flags: flags}, pprofOn && i == 0)
+		p, err := startLapd(b.bin, config{Name: cfg.Name, Flags: flags}, pprofOn)
 		if err != nil {
 			if first != nil {
 				_ = first.stop()

@@ -26,6 +26,7 @@ type measured struct {
 	Lat     []time.Duration // sorted
 	CPU     time.Duration   // server CPU during the phase
 	Client  time.Duration   // lapbench's own CPU (agents and tabs) during the phase
+	Parts   []time.Duration // CPU by process (proc.cpuParts) during the phase
 }
 
 func (m measured) rate() float64 {
@@ -104,10 +105,12 @@ func drive(ctx context.Context, p *proc, ops []op, warm, d time.Duration) measur
 	close(startGate)
 	time.Sleep(time.Until(measureFrom))
 	cpu0, _ := p.cpu()
+	parts0 := p.cpuParts()
 	self0, _ := cpuOf("self")
 	t0 := time.Now()
 	time.Sleep(time.Until(stopAt))
 	cpu1, _ := p.cpu()
+	parts1 := p.cpuParts()
 	self1, _ := cpuOf("self")
 	elapsed := time.Since(t0)
 	doneWG.Wait()
@@ -125,6 +128,11 @@ func drive(ctx context.Context, p *proc, ops []op, warm, d time.Duration) measur
 	m.Elapsed = elapsed
 	m.CPU = cpu1 - cpu0
 	m.Client = self1 - self0
+	if len(parts0) == len(parts1) {
+		for i := range parts1 {
+			m.Parts = append(m.Parts, parts1[i]-parts0[i])
+		}
+	}
 	return m
 }
 

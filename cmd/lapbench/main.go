@@ -182,7 +182,10 @@ type Result struct {
 	// lapbench's own CPU per request (agents, fake tabs, MCP clients): with
 	// the server's, what bounds req/s on a machine of N CPUs (N / sum).
 	ClientCPUms float64 `json:"clientCpuMsPerReq,omitempty"`
-	RSSMiB      float64 `json:"serverRssMiB"`
+	// A cluster's server CPU by process: node A (the tab's), B, C, then the
+	// nats-server.
+	CPUPartsMs []float64 `json:"serverCpuMsPerReqByProc,omitempty"`
+	RSSMiB     float64   `json:"serverRssMiB"`
 	// Audit lines the server wrote to stdout per request (default config).
 	AuditPerReq float64 `json:"auditLinesPerReq,omitempty"`
 	// Heap objects the server allocated per request (with -profile, which

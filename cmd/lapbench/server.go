@@ -231,6 +231,22 @@ func (p *proc) cpu() (time.Duration, error) {
 	return d, err
 }
 
+// cpuParts is cpu split by process: the node itself, each peer (B, C),
+// then each extra process (the nats-server).
+func (p *proc) cpuParts() []time.Duration {
+	d, _ := cpuOf(strconv.Itoa(p.cmd.Process.Pid))
+	out := []time.Duration{d}
+	for _, q := range p.peers {
+		c, _ := cpuOf(strconv.Itoa(q.cmd.Process.Pid))
+		out = append(out, c)
+	}
+	for _, pid := range p.extra {
+		c, _ := cpuOf(strconv.Itoa(pid))
+		out = append(out, c)
+	}
+	return out
+}
+
 // cpuOf reads utime+stime of /proc/<pid> ("self" for lapbench itself).
 func cpuOf(pid string) (time.Duration, error) {
 	b, err := os.ReadFile("/proc/" + pid + "/stat")
