@@ -95,11 +95,14 @@ type cluster struct {
 }
 
 type remoteTab struct {
-	gen      uint64 // hello generation the owner reported last
-	at       time.Time
-	health   Health
-	hello    *Hello
-	helloGen uint64
+	gen    uint64 // hello generation the owner reported last
+	at     time.Time
+	health Health
+	// healthRaw is the reply header health was decoded from ("" when it
+	// came from elsewhere, an admit's JSON).
+	healthRaw string
+	hello     *Hello
+	helloGen  uint64
 }
 
 // ClusterStats are the forwarder's counters (zero on a single node).
@@ -411,6 +414,29 @@ func okReply(b []byte) []byte {
 	return append(append(out, '0'), b...)
 }
 
+// replyBufs lends the owner the buffer of an ok reply: nats.go copies a
+// message into its write buffer before Respond returns, so the 10 KiB of
+// a typical observe reply need not be a fresh allocation per call.
+var replyBufs sync.Pool
+
+// maxPooledReply: larger replies are not kept for reuse.
+const maxPooledReply = 256 << 10
+
+func getReply(b []byte) *[]byte {
+	p, _ := replyBufs.Get().(*[]byte)
+	if p == nil {
+		p = new([]byte)
+	}
+	*p = append(append((*p)[:0], '0'), b...)
+	return p
+}
+
+func putReply(p *[]byte) {
+	if cap(*p) <= maxPooledReply {
+		replyBufs.Put(p)
+	}
+}
+
 func errReply(err error, sent bool) []byte {
 	w := wireErr{E: "other", Sent: sent || errors.Is(err, ErrOutcomeUnknown), Detail: err.Error()}
 	var re *RPCError
@@ -543,15 +569,27 @@ func (c *cluster) fresh(tid string) bool {
 }
 
 // refresh records the hello generation and health an owner's reply carried.
+// The health is decoded only when it differs from the last one this node
+// decoded for tid (it moves with the heartbeats, not with every call).
 func (c *cluster) refresh(tid, gen, health string) {
 	g, err := strconv.ParseUint(gen, 10, 64)
-	var h Health
-	if err != nil || json.Unmarshal([]byte(health), &h) != nil {
+	if err != nil {
 		return
 	}
 	e := c.remoteEntry(tid)
 	c.mu.Lock()
-	e.gen, e.at, e.health = g, time.Now(), h
+	same := e.healthRaw == health && health != ""
+	c.mu.Unlock()
+	var h Health
+	if !same && json.Unmarshal([]byte(health), &h) != nil {
+		return
+	}
+	now := time.Now()
+	c.mu.Lock()
+	e.gen, e.at = g, now
+	if !same {
+		e.health, e.healthRaw = h, health
+	}
 	c.mu.Unlock()
 }
 
@@ -589,7 +627,7 @@ func (c *cluster) admit(ctx context.Context, tid string) (paired bool, retryMs i
 	}
 	e := c.remoteEntry(tid)
 	c.mu.Lock()
-	e.gen, e.at, e.health = a.Gen, time.Now(), a.Health
+	e.gen, e.at, e.health, e.healthRaw = a.Gen, time.Now(), a.Health, ""
 	c.mu.Unlock()
 	if !a.OK {
 		return true, max(a.RetryMs, 1), nil
@@ -725,13 +763,15 @@ func (c *cluster) handle(m *nats.Msg) {
 			_ = m.Respond(errReply(err, false))
 			return
 		}
+		out := getReply(b)
+		defer putReply(out)
 		if !admit {
-			_ = m.Respond(okReply(b))
+			_ = m.Respond(*out)
 			return
 		}
 		// The requester keeps "paired" fresh from this (see DeferAdmit).
 		hb, _ := json.Marshal(r.Health(tid))
-		_ = m.RespondMsg(&nats.Msg{Data: okReply(b), Header: nats.Header{
+		_ = m.RespondMsg(&nats.Msg{Data: *out, Header: nats.Header{
 			hdrGen: []string{strconv.FormatUint(r.helloGen(tid), 10)}, hdrHealth: []string{string(hb)}}})
 	}
 	if !r.holds(tid) && op != "unregister" {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -334,5 +335,60 @@ func TestClusterAdmitBounded(t *testing.T) {
 		}
 	case <-time.After(admitTimeout + 10*time.Second):
 		t.Fatal("Admit is still waiting for an owner that never answers")
+	}
+}
+
+// The owner lends its reply buffers from a pool: a short answer after a
+// long one (and with the admit's headers, or without) comes back exactly.
+func TestClusterRepliesReuseBuffers(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2)
+	a, b := es[0], es[1]
+	tok, tid := a.mint("u")
+	tb := a.pair(tok)
+	if paired, _, err := b.reg.Admit(ctxT(t), tid); !paired || err != nil {
+		t.Fatalf("Admit via B = %v %v", paired, err)
+	}
+	long := `{"s":"` + strings.Repeat("x", 20<<10) + `"}`
+	for i, want := range []string{long, `{"n":1}`, long, `[2]`, `{}`} {
+		ctx := ctxT(t)
+		if i%2 == 1 {
+			var ok bool
+			if ctx, ok = b.reg.DeferAdmit(ctx, tid); !ok {
+				t.Fatal("DeferAdmit after a reply that carried the health: not fresh")
+			}
+		}
+		done := make(chan error, 1)
+		var res json.RawMessage
+		go func() {
+			var err error
+			res, err = b.reg.Call(ctx, tid, "get_state", nil, 0)
+			done <- err
+		}()
+		tb.answerNext(want)
+		if err := recv(t, done); err != nil || string(res) != want {
+			t.Fatalf("call %d via B = %.40s… (%d bytes), %v; want %.40s… (%d bytes)", i, res, len(res), err, want, len(want))
+		}
+	}
+}
+
+// refresh decodes an owner's health header only when it changed, and keeps
+// the generation and freshness moving either way.
+func TestClusterRefreshHealth(t *testing.T) {
+	c := &cluster{remote: map[string]*remoteTab{}}
+	c.refresh("t", "3", `{"connected":true,"reconnects":1}`)
+	c.refresh("t", "4", `{"connected":true,"reconnects":1}`)
+	e := c.remote["t"]
+	if e.gen != 4 || e.health.Reconnects != 1 || !e.health.Connected || !c.fresh("t") {
+		t.Fatalf("after two equal headers: %+v", e)
+	}
+	c.refresh("t", "5", `{"connected":false,"reconnects":2}`)
+	if e.gen != 5 || e.health.Reconnects != 2 || e.health.Connected {
+		t.Fatalf("after a changed header: %+v", e)
+	}
+	at := e.at
+	c.refresh("t", "6", `not json`)
+	if e.gen != 5 || e.at != at || e.health.Reconnects != 2 {
+		t.Fatalf("a bad header changed the entry: %+v", e)
 	}
 }
