@@ -85,6 +85,7 @@ type cluster struct {
 	prefix string
 	node   string
 	in     chan *nats.Msg
+	work   chan *nats.Msg // to an idle worker (unbuffered: taken only by one waiting)
 	tkSub  *nats.Subscription
 
 	mu     sync.Mutex
@@ -121,7 +122,7 @@ func newCluster(r *Registry, nc *nats.Conn, prefix, node string) (*cluster, erro
 	if node == "" {
 		node = newID()
 	}
-	c := &cluster{r: r, nc: nc, prefix: prefix, node: node, in: make(chan *nats.Msg, 4096),
+	c := &cluster{r: r, nc: nc, prefix: prefix, node: node, in: make(chan *nats.Msg, 4096), work: make(chan *nats.Msg),
 		subs: map[string]*nats.Subscription{}, remote: map[string]*remoteTab{}}
 	sub, err := nc.Subscribe(prefix+".takeover", c.onTakeover)
 	if err != nil {
@@ -289,17 +290,19 @@ func (c *cluster) onTakeover(m *nats.Msg) {
 }
 
 // serve runs the requests other nodes send to the tids held here, each on
-// its own goroutine (a call waits for the tab).
+// a goroutine of its own while it runs (a call waits for the tab): an idle
+// worker's, or a new worker's when none is idle.
 func (c *cluster) serve() {
 	defer c.r.wg.Done()
 	for {
 		select {
 		case m := <-c.in:
-			c.r.wg.Add(1)
-			go func() {
-				defer c.r.wg.Done()
-				c.handle(m)
-			}()
+			select {
+			case c.work <- m:
+			default:
+				c.r.wg.Add(1)
+				go c.worker(m)
+			}
 		case <-c.r.stop:
 			// Requests that arrived meanwhile: the tab is going away.
 			for {
@@ -310,6 +313,31 @@ func (c *cluster) serve() {
 					return
 				}
 			}
+		}
+	}
+}
+
+// workerIdle is how long a worker with nothing to do waits for the next
+// request before it exits.
+const workerIdle = 5 * time.Second
+
+// worker handles m, then the requests serve hands it while it is idle.
+// Workers outlive a request because a new goroutine's stack starts small
+// and grows by copying as a request goes deep (json, the tab's path), which
+// per request showed in the owner's CPU profile (lapbench nats-cross).
+func (c *cluster) worker(m *nats.Msg) {
+	defer c.r.wg.Done()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		c.handle(m)
+		idle.Reset(workerIdle)
+		select {
+		case m = <-c.work:
+		case <-idle.C:
+			return
+		case <-c.r.stop:
+			return
 		}
 	}
 }

@@ -392,3 +392,41 @@ func TestClusterRefreshHealth(t *testing.T) {
 		t.Fatalf("a bad header changed the entry: %+v", e)
 	}
 }
+
+// The owner's workers outlive requests, but a call waiting for the tab
+// never holds up another: both reach the tab before either is answered,
+// on fresh workers and on idle ones alike.
+func TestClusterConcurrentCallsOnWorkers(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2)
+	a, b := es[0], es[1]
+	tok, tid := a.mint("u")
+	tb := a.pair(tok)
+	if paired, _, err := b.reg.Admit(ctxT(t), tid); !paired || err != nil {
+		t.Fatalf("Admit via B = %v %v", paired, err)
+	}
+	for round := range 3 {
+		done := make(chan error, 2)
+		res := make([]json.RawMessage, 2)
+		for i := range 2 {
+			go func() {
+				var err error
+				res[i], err = b.reg.Call(ctxT(t), tid, "get_state", map[string]any{"i": i}, 0)
+				done <- err
+			}()
+		}
+		f1, f2 := tb.expect("rpc"), tb.expect("rpc") // neither answered yet
+		for _, f := range []map[string]any{f2, f1} {
+			i := f["args"].(map[string]any)["i"].(float64)
+			tb.send(map[string]any{"t": "rpc-reply", "id": f["id"], "result": json.RawMessage(fmt.Sprintf(`{"i":%v}`, i))})
+		}
+		for range 2 {
+			if err := recv(t, done); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if string(res[0]) != `{"i":0}` || string(res[1]) != `{"i":1}` {
+			t.Fatalf("round %d: results %s %s", round, res[0], res[1])
+		}
+	}
+}
