@@ -119,7 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.stateBytes, "state", 10<<10, "bytes of app state in each observe reply")
 	fs.StringVar(&o.jsonOut, "json", "", "also write every result as JSON to this file")
 	fs.StringVar(&o.lapd, "lapd", "", "lapd binary to run (default: go build ./cmd/lapd into a temp dir)")
-	fs.StringVar(&o.profileDir, "profile", "", "start lapd with --pprof and save a CPU and an allocs profile of each load scenario here")
+	fs.StringVar(&o.profileDir, "profile", "", "start lapd with --pprof and save a CPU and an allocs profile of each load scenario here (one per cluster node, suffixed -n<i>)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
