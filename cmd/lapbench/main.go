@@ -47,7 +47,7 @@
 //	               on a nats-server that lapbench starts (built from its Go
 //	               module, or $LAPD_NATS_SERVER); tabs pair with node A and
 //	               the agents call node A. Server CPU counts all three
-//	               nodes and the nats-server.
+//	               nodes and the nats-server (also shown by process).
 //	nats-cross     the same, but the agents call node B, which forwards
 //	               every call to A over NATS request/reply
 //
