@@ -98,7 +98,7 @@ func runLapbench(t *testing.T, args ...string) (Report, string) {
 	}
 	out := filepath.Join(t.TempDir(), "out.json")
 	var stdout bytes.Buffer
-	err = run(context.Background(), append([]string{"-lapd", bin, "-d", "1500ms", "-warm", "300ms", "-settle", "300ms", "-json", out}, args...), &stdout, io.Discard)
+	err = run(context.Background(), append([]string{"-lapd", bin, "-d", "3s", "-warm", "500ms", "-settle", "300ms", "-json", out}, args...), &stdout, io.Discard)
 	if err != nil {
 		t.Fatalf("lapbench: %v\n%s", err, stdout.String())
 	}
