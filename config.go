@@ -43,6 +43,16 @@ type Config struct {
 	NATSConn    *nats.Conn    // your own connection instead of NATSURL; lapd does not close it
 	ClusterName string        // prefix of the subjects and buckets; default "lapd"
 	NodeID      string        // this node's name in the cluster; default random
+	// PeerListen is the TCP address of this node's peer link: other nodes
+	// send calls for tabs held here on it directly, not through the NATS
+	// server (NATS still finds the tab's node and carries everything
+	// else; docs/CLUSTER.md). "" = 127.0.0.1:0 (nodes on one machine);
+	// "off" = every call by NATS. Authenticated by a key published on
+	// NATS, not encrypted: across machines use a private network.
+	// PeerAdvertise is the address other nodes dial; default the
+	// listener's own (required when PeerListen is on every interface).
+	PeerListen    string
+	PeerAdvertise string
 	// NATSReplicas is how many copies JetStream keeps of the cluster's
 	// buckets and audit stream (1..5; more than 1 needs a JetStream
 	// cluster of at least that many servers). 0 = 1 for what this node

@@ -269,3 +269,15 @@ func OpenAudit(dataDir string) (audit.Querier, io.Closer, error) {
 	}
 	return q, db, nil
 }
+
+// peerListen is the peer link's address for pairing.Config: none on a
+// single node or when turned off, 127.0.0.1:0 by default.
+func peerListen(cluster bool, v string) string {
+	switch {
+	case !cluster || v == "off":
+		return ""
+	case v == "":
+		return "127.0.0.1:0"
+	}
+	return v
+}

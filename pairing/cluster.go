@@ -1,6 +1,7 @@
 package pairing
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -85,7 +86,8 @@ type cluster struct {
 	prefix string
 	node   string
 	in     chan *nats.Msg
-	work   chan *nats.Msg // to an idle worker (unbuffered: taken only by one waiting)
+	work   chan job  // to an idle worker (unbuffered: taken only by one waiting)
+	peer   *peerLink // nil: every request goes by NATS
 	tkSub  *nats.Subscription
 
 	mu     sync.Mutex
@@ -104,6 +106,7 @@ type remoteTab struct {
 	healthRaw string
 	hello     *Hello
 	helloGen  uint64
+	peer      *peer // the owner's peer link (nil: by NATS)
 }
 
 // ClusterStats are the forwarder's counters (zero on a single node).
@@ -115,14 +118,14 @@ type ClusterStats struct {
 	Owned        int   // tids whose socket is here, subscribed
 }
 
-func newCluster(r *Registry, nc *nats.Conn, prefix, node string) (*cluster, error) {
+func newCluster(r *Registry, nc *nats.Conn, prefix, node, peerListen, peerAdvertise string) (*cluster, error) {
 	if prefix == "" {
 		prefix = "lapd"
 	}
 	if node == "" {
 		node = newID()
 	}
-	c := &cluster{r: r, nc: nc, prefix: prefix, node: node, in: make(chan *nats.Msg, 4096), work: make(chan *nats.Msg),
+	c := &cluster{r: r, nc: nc, prefix: prefix, node: node, in: make(chan *nats.Msg, 4096), work: make(chan job),
 		subs: map[string]*nats.Subscription{}, remote: map[string]*remoteTab{}}
 	sub, err := nc.Subscribe(prefix+".takeover", c.onTakeover)
 	if err != nil {
@@ -132,6 +135,14 @@ func newCluster(r *Registry, nc *nats.Conn, prefix, node string) (*cluster, erro
 	if err := c.check(); err != nil {
 		_ = sub.Unsubscribe()
 		return nil, err
+	}
+	if peerListen != "" {
+		l, err := newPeerLink(c, peerListen, peerAdvertise)
+		if err != nil {
+			_ = sub.Unsubscribe()
+			return nil, err
+		}
+		c.peer = l
 	}
 	r.wg.Add(1)
 	go c.serve()
@@ -289,6 +300,12 @@ func (c *cluster) onTakeover(m *nats.Msg) {
 	orphans.fail(ErrPaused)
 }
 
+// job is one request from another node: by NATS (m) or on the peer link (p).
+type job struct {
+	m *nats.Msg
+	p *peerReq
+}
+
 // serve runs the requests other nodes send to the tids held here, each on
 // a goroutine of its own while it runs (a call waits for the tab): an idle
 // worker's, or a new worker's when none is idle.
@@ -297,12 +314,7 @@ func (c *cluster) serve() {
 	for {
 		select {
 		case m := <-c.in:
-			select {
-			case c.work <- m:
-			default:
-				c.r.wg.Add(1)
-				go c.worker(m)
-			}
+			c.dispatch(job{m: m})
 		case <-c.r.stop:
 			// Requests that arrived meanwhile: the tab is going away.
 			for {
@@ -317,23 +329,39 @@ func (c *cluster) serve() {
 	}
 }
 
+// dispatch hands j to an idle worker, or to a new one. Called from a
+// goroutine the registry's wait group counts (serve, a peer connection's
+// reader), so the Add never races Shutdown's Wait at zero.
+func (c *cluster) dispatch(j job) {
+	select {
+	case c.work <- j:
+	default:
+		c.r.wg.Add(1)
+		go c.worker(j)
+	}
+}
+
 // workerIdle is how long a worker with nothing to do waits for the next
 // request before it exits.
 const workerIdle = 5 * time.Second
 
-// worker handles m, then the requests serve hands it while it is idle.
+// worker handles j, then the requests dispatch hands it while it is idle.
 // Workers outlive a request because a new goroutine's stack starts small
 // and grows by copying as a request goes deep (json, the tab's path), which
 // per request showed in the owner's CPU profile (lapbench nats-cross).
-func (c *cluster) worker(m *nats.Msg) {
+func (c *cluster) worker(j job) {
 	defer c.r.wg.Done()
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		c.handle(m)
+		if j.m != nil {
+			c.handleNATS(j.m)
+		} else {
+			c.handlePeer(j.p)
+		}
 		idle.Reset(workerIdle)
 		select {
-		case m = <-c.work:
+		case j = <-c.work:
 		case <-idle.C:
 			return
 		case <-c.r.stop:
@@ -369,6 +397,7 @@ const (
 	hdrAdmit  = "Lapd-Admit"
 	hdrGen    = "Lapd-Gen"
 	hdrHealth = "Lapd-Health"
+	hdrPeer   = "Lapd-Peer" // the owner's peer link: "<node> <addr> <key>"
 )
 
 // RateLimitError is the error of a Call, CallReply or Watch whose deferred
@@ -530,32 +559,107 @@ func decodeReply(b []byte) ([]byte, error) {
 // ErrPaused when no node holds the tab.
 // When ctx owes tid's admit (DeferAdmit), the request carries it.
 func (c *cluster) request(ctx context.Context, tid, op string, data []byte) ([]byte, error) {
+	b, buf, err := c.requestLent(ctx, tid, op, data)
+	if buf != nil {
+		b = append([]byte(nil), b...)
+		putReadBuf(buf)
+	}
+	return b, err
+}
+
+// requestLent is request whose payload may alias a pooled read buffer
+// (buf non-nil: release it with putReadBuf once done with the payload).
+// The request goes on the peer link when the owner's is known and
+// reachable, by NATS otherwise.
+func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) ([]byte, *bytes.Buffer, error) {
 	c.forwarded.Add(1)
+	admit := takeAdmit(ctx, tid)
+	if p := c.peerOf(tid); p != nil {
+		a, err := p.request(ctx, op, tid, admit, data)
+		switch {
+		case err == nil:
+			if a.meta {
+				c.refresh(tid, a.gen, a.health)
+			}
+			b, err := decodeReply(a.body)
+			if err != nil || len(b) == 0 {
+				putReadBuf(a.buf)
+				return nil, nil, err
+			}
+			return b, a.buf, nil
+		case errors.Is(err, errMoved):
+			c.setPeer(tid, nil, p)
+			p.l.fallback.Add(1)
+		case errors.Is(err, errNoLink):
+			p.l.fallback.Add(1)
+		default: // errLinkLost, or ctx ended
+			c.failures.Add(1)
+			if errors.Is(err, errLinkLost) && op != "call" {
+				err = ErrPaused // only a call's loss is in doubt (call, below)
+			}
+			return nil, nil, err
+		}
+	}
 	req := &nats.Msg{Subject: c.subject(tid, op), Data: data}
-	if takeAdmit(ctx, tid) {
+	if admit {
 		req.Header = nats.Header{hdrAdmit: []string{"1"}}
 	}
 	m, err := c.nc.RequestMsgWithContext(ctx, req)
 	switch {
 	case err == nil:
 		if g := m.Header.Get(hdrGen); g != "" {
-			c.refresh(tid, g, m.Header.Get(hdrHealth))
+			if gen, err := strconv.ParseUint(g, 10, 64); err == nil {
+				c.refresh(tid, gen, []byte(m.Header.Get(hdrHealth)))
+			}
+			if c.peer != nil {
+				if f := strings.Fields(m.Header.Get(hdrPeer)); len(f) == 3 {
+					c.setPeer(tid, c.peer.learn(&peerInfo{Node: f[0], Addr: f[1], Key: f[2]}), nil)
+				}
+			}
 		}
-		return decodeReply(m.Data)
+		b, err := decodeReply(m.Data)
+		return b, nil, err
 	case errors.Is(err, nats.ErrNoResponders):
 		c.noResponders.Add(1)
 		c.forgetRemote(tid)
-		return nil, ErrPaused
+		return nil, nil, ErrPaused
 	case ctx.Err() != nil:
 		c.failures.Add(1)
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 	c.failures.Add(1)
 	if errors.Is(err, nats.ErrTimeout) {
-		return nil, ErrTimeout
+		return nil, nil, ErrTimeout
 	}
 	c.r.cfg.Logger.Warn("pairing: cluster: forwarding to the tab's node failed", "tid", tid, "op", op, "err", err)
-	return nil, ErrPaused
+	return nil, nil, ErrPaused
+}
+
+// peerOf returns the peer tid's requests go to directly (nil: by NATS).
+func (c *cluster) peerOf(tid string) *peer {
+	if c.peer == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.remote[tid]; e != nil {
+		return e.peer
+	}
+	return nil
+}
+
+// setPeer records p as tid's owner's link; with was non-nil, only if the
+// entry still names was (a "moved" answer does not undo a newer lesson).
+func (c *cluster) setPeer(tid string, p, was *peer) {
+	if c.peer == nil {
+		return
+	}
+	e := c.remoteEntry(tid)
+	c.mu.Lock()
+	if was == nil || e.peer == was {
+		e.peer = p
+	}
+	c.mu.Unlock()
 }
 
 // forgetRemote drops what this node kept about a tab held elsewhere.
@@ -599,34 +703,31 @@ func (c *cluster) fresh(tid string) bool {
 // refresh records the hello generation and health an owner's reply carried.
 // The health is decoded only when it differs from the last one this node
 // decoded for tid (it moves with the heartbeats, not with every call).
-func (c *cluster) refresh(tid, gen, health string) {
-	g, err := strconv.ParseUint(gen, 10, 64)
-	if err != nil {
-		return
-	}
+func (c *cluster) refresh(tid string, g uint64, health []byte) {
 	e := c.remoteEntry(tid)
 	c.mu.Lock()
-	same := e.healthRaw == health && health != ""
+	same := e.healthRaw == string(health) && len(health) > 0
 	c.mu.Unlock()
 	var h Health
-	if !same && json.Unmarshal([]byte(health), &h) != nil {
+	if !same && json.Unmarshal(health, &h) != nil {
 		return
 	}
 	now := time.Now()
 	c.mu.Lock()
 	e.gen, e.at = g, now
 	if !same {
-		e.health, e.healthRaw = h, health
+		e.health, e.healthRaw = h, string(health)
 	}
 	c.mu.Unlock()
 }
 
 type admitReply struct {
-	Paired  bool   `json:"paired"`
-	OK      bool   `json:"ok"`
-	RetryMs int64  `json:"retryMs,omitempty"`
-	Gen     uint64 `json:"gen"`
-	Health  Health `json:"health"`
+	Paired  bool      `json:"paired"`
+	OK      bool      `json:"ok"`
+	RetryMs int64     `json:"retryMs,omitempty"`
+	Gen     uint64    `json:"gen"`
+	Health  Health    `json:"health"`
+	Peer    *peerInfo `json:"peer,omitempty"` // the owner's peer link (peer.go)
 }
 
 // admitTimeout bounds an admit: the caller's context may have no deadline
@@ -653,9 +754,16 @@ func (c *cluster) admit(ctx context.Context, tid string) (paired bool, retryMs i
 		c.forgetRemote(tid)
 		return false, 0, nil
 	}
+	var p *peer
+	if c.peer != nil {
+		p = c.peer.learn(a.Peer)
+	}
 	e := c.remoteEntry(tid)
 	c.mu.Lock()
 	e.gen, e.at, e.health, e.healthRaw = a.Gen, time.Now(), a.Health, ""
+	if c.peer != nil {
+		e.peer = p
+	}
 	c.mu.Unlock()
 	if !a.OK {
 		return true, max(a.RetryMs, 1), nil
@@ -716,15 +824,15 @@ func waitMs(ctx context.Context) int64 {
 	return 0
 }
 
-func (c *cluster) call(ctx context.Context, tid, tool string, args any, timeout time.Duration) (json.RawMessage, error) {
+func (c *cluster) call(ctx context.Context, tid, tool string, args any, timeout time.Duration) callResult {
 	a, err := marshalArgs(args)
 	if err != nil {
-		return nil, err
+		return callResult{err: err}
 	}
 	b, _ := json.Marshal(callReq{Tool: tool, Args: a, TimeoutMs: timeout.Milliseconds(), WaitMs: waitMs(ctx), RID: audit.RequestID(ctx)})
 	rctx, cancel := context.WithTimeout(ctx, timeout+clusterMargin)
 	defer cancel()
-	res, err := c.request(rctx, tid, "call", b)
+	res, buf, err := c.requestLent(rctx, tid, "call", b)
 	if err != nil {
 		var re *RPCError
 		var rl *RateLimitError
@@ -735,9 +843,9 @@ func (c *cluster) call(ctx context.Context, tid, tool string, args any, timeout 
 			}
 			err = inDoubt{err}
 		}
-		return nil, err
+		return callResult{err: err}
 	}
-	return res, nil
+	return callResult{data: res, buf: buf}
 }
 
 func (c *cluster) watch(ctx context.Context, tid, path string) (json.RawMessage, error) {
@@ -761,18 +869,66 @@ func (c *cluster) simple(tid, op string, data []byte) ([]byte, error) {
 	return c.request(ctx, tid, op, data)
 }
 
-// handle serves one request from another node against the local registry.
-func (c *cluster) handle(m *nats.Msg) {
-	c.served.Add(1)
+// replyMeta is what an owner adds to its answer to a request that carried
+// its admit: the hello generation and the tab's health (JSON).
+type replyMeta struct {
+	gen    uint64
+	health []byte
+}
+
+// handleNATS serves a request that came by NATS.
+func (c *cluster) handleNATS(m *nats.Msg) {
 	subj := m.Subject
 	op := subj[strings.LastIndexByte(subj, '.')+1:]
 	rest := strings.TrimSuffix(strings.TrimPrefix(subj, c.prefix+".tab."), "."+op)
-	tid := kvrep.Unkey(rest)
+	c.exec(op, kvrep.Unkey(rest), m.Header.Get(hdrAdmit) != "", m.Data, func(b []byte, err error, meta *replyMeta, _ bool) {
+		switch {
+		case err != nil:
+			_ = m.Respond(errReply(err, false))
+		case meta == nil:
+			out := getReply(b)
+			_ = m.Respond(*out)
+			putReply(out)
+		default:
+			out := getReply(b)
+			h := nats.Header{hdrGen: []string{strconv.FormatUint(meta.gen, 10)}, hdrHealth: []string{string(meta.health)}}
+			if c.peer != nil {
+				pi := c.peer.info
+				h[hdrPeer] = []string{pi.Node + " " + pi.Addr + " " + pi.Key}
+			}
+			_ = m.RespondMsg(&nats.Msg{Data: *out, Header: h})
+			putReply(out)
+		}
+	})
+}
+
+// handlePeer serves a request that came on the peer link.
+func (c *cluster) handlePeer(pr *peerReq) {
+	c.exec(pr.op, pr.tid, pr.admit, pr.body, func(b []byte, err error, meta *replyMeta, notHere bool) {
+		switch {
+		case notHere:
+			pr.answer('0', nil, true, nil)
+		case err != nil:
+			e := errReply(err, false)
+			pr.answer(e[0], e[1:], false, nil)
+		default:
+			pr.answer('0', b, false, meta)
+		}
+	})
+}
+
+// exec serves one request from another node against the local registry and
+// answers it once through ans: a payload, an error, or (notHere, with
+// ErrPaused) nothing done because the tab is not on this node. meta is set
+// on a payload when the request carried its admit (the requester keeps
+// "paired" fresh from it: see DeferAdmit).
+func (c *cluster) exec(op, tid string, admit bool, data []byte, ans func(b []byte, err error, meta *replyMeta, notHere bool)) {
+	c.served.Add(1)
 	r := c.r
 	var req callReq
-	if len(m.Data) > 0 {
-		if err := json.Unmarshal(m.Data, &req); err != nil && op != "push" && op != "append" {
-			_ = m.Respond(errReply(errors.New("bad request"), false))
+	if len(data) > 0 {
+		if err := json.Unmarshal(data, &req); err != nil && op != "push" && op != "append" {
+			ans(nil, errors.New("bad request"), nil, false)
 			return
 		}
 	}
@@ -785,25 +941,16 @@ func (c *cluster) handle(m *nats.Msg) {
 	if req.RID != "" {
 		ctx = audit.WithRequestID(ctx, req.RID)
 	}
-	admit := m.Header.Get(hdrAdmit) != ""
 	respond := func(b []byte, err error) {
-		if err != nil {
-			_ = m.Respond(errReply(err, false))
+		if err != nil || !admit {
+			ans(b, err, nil, false)
 			return
 		}
-		out := getReply(b)
-		defer putReply(out)
-		if !admit {
-			_ = m.Respond(*out)
-			return
-		}
-		// The requester keeps "paired" fresh from this (see DeferAdmit).
 		hb, _ := json.Marshal(r.Health(tid))
-		_ = m.RespondMsg(&nats.Msg{Data: *out, Header: nats.Header{
-			hdrGen: []string{strconv.FormatUint(r.helloGen(tid), 10)}, hdrHealth: []string{string(hb)}}})
+		ans(b, nil, &replyMeta{gen: r.helloGen(tid), health: hb}, false)
 	}
 	if !r.holds(tid) && op != "unregister" {
-		respond(nil, ErrPaused)
+		ans(nil, ErrPaused, nil, true)
 		return
 	}
 	if admit {
@@ -825,6 +972,9 @@ func (c *cluster) handle(m *nats.Msg) {
 			}
 		}
 		a.Gen, a.Health = r.helloGen(tid), r.Health(tid)
+		if c.peer != nil {
+			a.Peer = &c.peer.info
+		}
 		b, _ := json.Marshal(a)
 		respond(b, nil)
 	case "hello":
@@ -842,7 +992,8 @@ func (c *cluster) handle(m *nats.Msg) {
 		b, _ := json.Marshal(r.Health(tid))
 		respond(b, nil)
 	case "call":
-		// The answer is copied once, from the read buffer into the reply.
+		// The answer is copied at most once, from the read buffer into
+		// the reply (the peer link writes it from there).
 		res, err := r.CallReply(ctx, tid, req.Tool, req.Args, time.Duration(req.TimeoutMs)*time.Millisecond)
 		respond(res.Data, err)
 		res.Release()
@@ -850,12 +1001,12 @@ func (c *cluster) handle(m *nats.Msg) {
 		res, err := r.Watch(ctx, tid, req.Path)
 		respond(res, err)
 	case "push":
-		respond(nil, r.Push(tid, json.RawMessage(m.Data)))
+		respond(nil, r.Push(tid, json.RawMessage(data)))
 	case "log":
 		b, _ := json.Marshal(r.RecentLog(tid, req.N, req.Kind))
 		respond(b, nil)
 	case "append":
-		respond(nil, r.AppendLog(tid, json.RawMessage(m.Data)))
+		respond(nil, r.AppendLog(tid, json.RawMessage(data)))
 	case "expect":
 		r.ExpectLog(tid, req.Expect)
 		respond(nil, nil)

@@ -376,18 +376,18 @@ func TestClusterRepliesReuseBuffers(t *testing.T) {
 // the generation and freshness moving either way.
 func TestClusterRefreshHealth(t *testing.T) {
 	c := &cluster{remote: map[string]*remoteTab{}}
-	c.refresh("t", "3", `{"connected":true,"reconnects":1}`)
-	c.refresh("t", "4", `{"connected":true,"reconnects":1}`)
+	c.refresh("t", 3, []byte(`{"connected":true,"reconnects":1}`))
+	c.refresh("t", 4, []byte(`{"connected":true,"reconnects":1}`))
 	e := c.remote["t"]
 	if e.gen != 4 || e.health.Reconnects != 1 || !e.health.Connected || !c.fresh("t") {
 		t.Fatalf("after two equal headers: %+v", e)
 	}
-	c.refresh("t", "5", `{"connected":false,"reconnects":2}`)
+	c.refresh("t", 5, []byte(`{"connected":false,"reconnects":2}`))
 	if e.gen != 5 || e.health.Reconnects != 2 || e.health.Connected {
 		t.Fatalf("after a changed header: %+v", e)
 	}
 	at := e.at
-	c.refresh("t", "6", `not json`)
+	c.refresh("t", 6, []byte(`not json`))
 	if e.gen != 5 || e.at != at || e.health.Reconnects != 2 {
 		t.Fatalf("a bad header changed the entry: %+v", e)
 	}

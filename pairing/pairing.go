@@ -272,6 +272,14 @@ type Config struct {
 	Cluster       *nats.Conn
 	ClusterPrefix string // subject prefix; default "lapd"
 	NodeID        string // this node's name on the subjects; default random
+	// PeerListen, with Cluster, is the TCP address this node's peer link
+	// listens on (peer.go): other nodes send their requests for tabs held
+	// here on it directly instead of through the NATS server. "" = no
+	// link (every request by NATS). PeerAdvertise is the address other
+	// nodes dial; default the listener's own (required when PeerListen
+	// names every interface).
+	PeerListen    string
+	PeerAdvertise string
 }
 
 // Registry holds the paired tabs. Safe for concurrent use.
@@ -396,7 +404,7 @@ func New(cfg Config) (*Registry, error) {
 	h := cfg.Hooks
 	r.hooks.Store(&h)
 	if cfg.Cluster != nil {
-		cl, err := newCluster(r, cfg.Cluster, cfg.ClusterPrefix, cfg.NodeID)
+		cl, err := newCluster(r, cfg.Cluster, cfg.ClusterPrefix, cfg.NodeID, cfg.PeerListen, cfg.PeerAdvertise)
 		if err != nil {
 			return nil, err
 		}
@@ -749,8 +757,7 @@ func (r *Registry) call(ctx context.Context, tid, tool string, args any, timeout
 		timeout = r.cfg.RPCTimeout
 	}
 	if r.remote(tid) {
-		data, err := r.cl.call(ctx, tid, tool, args, timeout)
-		return callResult{data: data, err: err}
+		return r.cl.call(ctx, tid, tool, args, timeout)
 	}
 	s, err := r.live(tid)
 	if err != nil {

@@ -52,7 +52,9 @@ type serveConfig struct {
 	ClusterName string
 	NodeID      string
 	// NATSReplicas: 0 = unset (1 for new buckets, existing ones keep theirs).
-	NATSReplicas int
+	NATSReplicas  int
+	PeerListen    string // "off" = no peer link
+	PeerAdvertise string
 
 	IdentityCookie    string
 	IdentityCookieKey string
@@ -106,6 +108,8 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	var replicas string
 	fs.String(&replicas, "nats-replicas", "", "copies JetStream keeps of the cluster's KV buckets and audit stream, 1 to 5 (more than 1 needs a JetStream cluster of that many servers); each node makes every bucket and the stream have this many, and refuses to start if the servers cannot; unset: 1 for what the node creates, and what exists keeps its replicas (docs/CLUSTER.md)")
 	fs.String(&c.ClusterName, "cluster-name", "lapd", "prefix of the NATS subjects and KV buckets: every node of one cluster uses the same; two clusters on one NATS use different ones")
+	fs.String(&c.PeerListen, "peer-listen", "127.0.0.1:0", "with --nats: the TCP address of this node's peer link, on which other nodes send calls for tabs held here directly instead of through the NATS server (faster; authenticated, not encrypted: keep it on loopback or a private network); off = every call by NATS (docs/CLUSTER.md)")
+	fs.String(&c.PeerAdvertise, "peer-advertise", "", "with --nats: the host:port other nodes dial to reach --peer-listen; default the listener's own address (required when --peer-listen is on every interface, e.g. :7422)")
 	fs.String(&c.NodeID, "node-id", "", "this node's name in logs and NATS connection names; default host-pid")
 	fs.String(&c.IdentityCookie, "identity-cookie", "", "name of a signed cookie <uid>.<base64url(HMAC-SHA256(key, uid))> that names the user for mint")
 	fs.String(&c.IdentityCookieKey, "identity-cookie-key", "", "HMAC key for --identity-cookie (at least 32 characters)")
@@ -144,6 +148,22 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 			return c, usageError{"--nats-replicas needs --nats"}
 		}
 		c.NATSReplicas = n
+	}
+	if c.PeerListen != "off" {
+		if _, _, err := net.SplitHostPort(c.PeerListen); err != nil {
+			return c, usageError{fmt.Sprintf("--peer-listen %q: want host:port, such as 127.0.0.1:0 or 10.0.0.5:7422, or off", c.PeerListen)}
+		}
+	}
+	if c.PeerAdvertise != "" {
+		if c.NATS == "" {
+			return c, usageError{"--peer-advertise needs --nats"}
+		}
+		if c.PeerListen == "off" {
+			return c, usageError{"--peer-advertise needs a peer link (--peer-listen is off)"}
+		}
+		if _, _, err := net.SplitHostPort(c.PeerAdvertise); err != nil {
+			return c, usageError{fmt.Sprintf("--peer-advertise %q: want host:port, such as 10.0.0.5:7422", c.PeerAdvertise)}
+		}
 	}
 	if c.NATS != "" && c.Store == "memory" {
 		return c, usageError{"--store memory cannot be shared by a cluster: with --nats, tokens and approvals live in NATS (drop --store)"}
