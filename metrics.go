@@ -292,6 +292,7 @@ var collectorMetrics = []struct {
 	{"lapd_draining", "1 while lapd shuts down (new calls get 503), else 0.", nil},
 	{"lapd_cluster_forwarded_total", "Cluster: requests this node sent to the node holding a tab, by outcome (sent; no-responders: no node held it, answered paused; failed: timeout or NATS error). Only with --nats.", []string{"outcome"}},
 	{"lapd_cluster_served_total", "Cluster: requests from other nodes served for tabs held here. Only with --nats.", nil},
+	{"lapd_cluster_peer_total", "Cluster: the peer link (--peer-listen), by outcome (sent: requests sent on it; fallback: requests meant for it that went by NATS because the node could not be reached or no longer held the tab; refused: inbound connections refused at the handshake). Only with --nats.", []string{"outcome"}},
 	{"lapd_cluster_tabs_owned", "Cluster: tabs whose socket is on this node (subscribed on NATS). Only with --nats.", nil},
 	{"lapd_build_info", "Always 1; the labels name the build.", []string{"version", "goversion"}},
 }
@@ -374,6 +375,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter("lapd_cluster_forwarded_total", cl.NoResponders, "no-responders")
 		counter("lapd_cluster_forwarded_total", cl.Failures, "failed")
 		counter("lapd_cluster_served_total", cl.Served)
+		counter("lapd_cluster_peer_total", cl.Direct, "sent")
+		counter("lapd_cluster_peer_total", cl.Fallbacks, "fallback")
+		counter("lapd_cluster_peer_total", cl.PeerRefused, "refused")
 		gauge("lapd_cluster_tabs_owned", float64(cl.Owned))
 	}
 	gauge("lapd_build_info", 1, s.version, goVersion())

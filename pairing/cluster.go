@@ -116,6 +116,10 @@ type ClusterStats struct {
 	Failures     int64 // … that failed otherwise (timeout, NATS errors)
 	Served       int64 // requests from other nodes served here
 	Owned        int   // tids whose socket is here, subscribed
+	// The peer link (peer.go), when on.
+	Direct      int64 // of Forwarded, sent on the peer link
+	Fallbacks   int64 // requests meant for the link that went by NATS (no link, or the tab had moved)
+	PeerRefused int64 // inbound link connections refused at the handshake
 }
 
 func newCluster(r *Registry, nc *nats.Conn, prefix, node, peerListen, peerAdvertise string) (*cluster, error) {
@@ -1023,8 +1027,12 @@ func (c *cluster) stats() ClusterStats {
 	c.mu.Lock()
 	owned := len(c.subs)
 	c.mu.Unlock()
-	return ClusterStats{Forwarded: c.forwarded.Load(), NoResponders: c.noResponders.Load(),
+	st := ClusterStats{Forwarded: c.forwarded.Load(), NoResponders: c.noResponders.Load(),
 		Failures: c.failures.Load(), Served: c.served.Load(), Owned: owned}
+	if l := c.peer; l != nil {
+		st.Direct, st.Fallbacks, st.PeerRefused = l.sent.Load(), l.fallback.Load(), l.refusals.Load()
+	}
+	return st
 }
 
 // marshalArgs turns Call's args into JSON bytes (json.RawMessage as is).

@@ -19,9 +19,27 @@ import (
 
 var clusterN atomic.Int64
 
+// bothLinks runs a cluster test twice, in parallel: with the peer link
+// (forwarded requests go node to node once the owner is known) and without
+// (everything by NATS).
+func bothLinks(t *testing.T, test func(t *testing.T, link bool)) {
+	t.Parallel()
+	for _, link := range []bool{true, false} {
+		name := "nats"
+		if link {
+			name = "peer"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, link)
+		})
+	}
+}
+
 // clusterEnvs starts n registries (nodes) on one in-process NATS server,
-// sharing a token bucket, each with its own connection.
-func clusterEnvs(t *testing.T, n int) []*env {
+// sharing a token bucket, each with its own connection; with link, each
+// also listens for the peer link on 127.0.0.1.
+func clusterEnvs(t *testing.T, n int, link bool) []*env {
 	t.Helper()
 	ns := natstest.Start(t)
 	name := fmt.Sprintf("p%d", clusterN.Add(1))
@@ -36,6 +54,9 @@ func clusterEnvs(t *testing.T, n int) []*env {
 		out = append(out, newEnv(t, func(c *Config, tc *tokens.Config) {
 			tc.Store = st
 			c.Cluster, c.ClusterPrefix, c.NodeID = nc, name, fmt.Sprint("n", i)
+			if link {
+				c.PeerListen = "127.0.0.1:0"
+			}
 		}))
 	}
 	return out
@@ -52,9 +73,10 @@ func (tb *tab) answerNext(result string) string {
 	return id
 }
 
-func TestClusterCallForwarded(t *testing.T) {
-	t.Parallel()
-	es := clusterEnvs(t, 2)
+func TestClusterCallForwarded(t *testing.T) { bothLinks(t, testClusterCallForwarded) }
+
+func testClusterCallForwarded(t *testing.T, link bool) {
+	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	tok, tid := a.mint("u")
 	tb := a.pair(tok)
@@ -115,12 +137,17 @@ func TestClusterCallForwarded(t *testing.T) {
 	if st := b.reg.Stats().Cluster; st.Forwarded == 0 || a.reg.Stats().Cluster.Served == 0 {
 		t.Fatalf("stats: B %+v, A %+v", st, a.reg.Stats().Cluster)
 	}
+	// With the link, everything after the first admit went node to node.
+	if st := b.reg.Stats().Cluster; link && (st.Direct < 5 || st.Fallbacks != 0) || !link && st.Direct != 0 {
+		t.Fatalf("link %v: B's stats %+v", link, st)
+	}
 }
 
 // No node holds the tab: paused at once, and not in doubt (nothing left).
-func TestClusterNoResponders(t *testing.T) {
-	t.Parallel()
-	es := clusterEnvs(t, 2)
+func TestClusterNoResponders(t *testing.T) { bothLinks(t, testClusterNoResponders) }
+
+func testClusterNoResponders(t *testing.T, link bool) {
+	es := clusterEnvs(t, 2, link)
 	_, tid := es[0].mint("u")
 	start := time.Now()
 	_, err := es[1].reg.Call(ctxT(t), tid, "get_state", nil, 0)
@@ -139,9 +166,10 @@ func TestClusterNoResponders(t *testing.T) {
 }
 
 // The per-tid rate limit is decided by the owner's OnAdmit.
-func TestClusterAdmitOnOwner(t *testing.T) {
-	t.Parallel()
-	es := clusterEnvs(t, 2)
+func TestClusterAdmitOnOwner(t *testing.T) { bothLinks(t, testClusterAdmitOnOwner) }
+
+func testClusterAdmitOnOwner(t *testing.T, link bool) {
+	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	var asked atomic.Int32
 	h := *a.reg.hooks.Load()
@@ -157,9 +185,10 @@ func TestClusterAdmitOnOwner(t *testing.T) {
 
 // ExpectLog on a node without the tab reaches the owner, where the tab's
 // echo arrives: the echo is reported as expected (not a client log entry).
-func TestClusterExpectLogOnOwner(t *testing.T) {
-	t.Parallel()
-	es := clusterEnvs(t, 2)
+func TestClusterExpectLogOnOwner(t *testing.T) { bothLinks(t, testClusterExpectLogOnOwner) }
+
+func testClusterExpectLogOnOwner(t *testing.T, link bool) {
+	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	echoes := make(chan bool, 2)
 	h := *a.reg.hooks.Load()
@@ -181,9 +210,10 @@ func TestClusterExpectLogOnOwner(t *testing.T) {
 // A socket for the same tid on another node takes over: the old one is
 // closed with 4002, its in-flight call fails paused (in doubt), the record
 // stays the new owner's, and calls follow the tab.
-func TestClusterTakeover(t *testing.T) {
-	t.Parallel()
-	es := clusterEnvs(t, 2)
+func TestClusterTakeover(t *testing.T) { bothLinks(t, testClusterTakeover) }
+
+func testClusterTakeover(t *testing.T, link bool) {
+	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	tok, tid := a.mint("u")
 	old := a.pair(tok)
@@ -231,9 +261,10 @@ func (tb *tab) doneStatus() <-chan int {
 // round trip, OnAdmit run once on the owner before the tab sees anything;
 // refused, the call fails with *RateLimitError (not in doubt) and the tab
 // sees nothing. A request that made no call settles it with an admit.
-func TestClusterDeferredAdmit(t *testing.T) {
-	t.Parallel()
-	es := clusterEnvs(t, 2)
+func TestClusterDeferredAdmit(t *testing.T) { bothLinks(t, testClusterDeferredAdmit) }
+
+func testClusterDeferredAdmit(t *testing.T, link bool) {
+	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	var asked atomic.Int32
 	var refuse atomic.Bool
@@ -310,9 +341,10 @@ func TestClusterDeferredAdmit(t *testing.T) {
 // does not leave the gate waiting for ever when the caller's context has
 // no deadline, as an HTTP request's has not: the admit fails after
 // admitTimeout, and the gate answers paused.
-func TestClusterAdmitBounded(t *testing.T) {
-	t.Parallel()
-	es := clusterEnvs(t, 2)
+func TestClusterAdmitBounded(t *testing.T) { bothLinks(t, testClusterAdmitBounded) }
+
+func testClusterAdmitBounded(t *testing.T, link bool) {
+	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	_, tid := a.mint("u")
 	sub, err := a.reg.cl.nc.QueueSubscribe(a.reg.cl.subject(tid, "*"), "owner", func(*nats.Msg) {})
@@ -340,9 +372,10 @@ func TestClusterAdmitBounded(t *testing.T) {
 
 // The owner lends its reply buffers from a pool: a short answer after a
 // long one (and with the admit's headers, or without) comes back exactly.
-func TestClusterRepliesReuseBuffers(t *testing.T) {
-	t.Parallel()
-	es := clusterEnvs(t, 2)
+func TestClusterRepliesReuseBuffers(t *testing.T) { bothLinks(t, testClusterRepliesReuseBuffers) }
+
+func testClusterRepliesReuseBuffers(t *testing.T, link bool) {
+	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	tok, tid := a.mint("u")
 	tb := a.pair(tok)
@@ -396,9 +429,10 @@ func TestClusterRefreshHealth(t *testing.T) {
 // The owner's workers outlive requests, but a call waiting for the tab
 // never holds up another: both reach the tab before either is answered,
 // on fresh workers and on idle ones alike.
-func TestClusterConcurrentCallsOnWorkers(t *testing.T) {
-	t.Parallel()
-	es := clusterEnvs(t, 2)
+func TestClusterConcurrentCallsOnWorkers(t *testing.T) { bothLinks(t, testClusterConcurrentCallsOnWorkers) }
+
+func testClusterConcurrentCallsOnWorkers(t *testing.T, link bool) {
+	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	tok, tid := a.mint("u")
 	tb := a.pair(tok)

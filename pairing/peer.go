@@ -104,13 +104,15 @@ type peerLink struct {
 	info peerInfo
 	key  []byte
 
-	mu      sync.Mutex
-	peers   map[string]*peer // by node
-	inbound map[net.Conn]struct{}
-	closed  bool
+	mu       sync.Mutex
+	peers    map[string]*peer // by node
+	inbound  map[net.Conn]struct{}
+	draining bool // Shutdown: no request read from now on is served
+	closed   bool
 
-	inflight                 sync.WaitGroup // requests served here, until their reply is written
+	inflight                 sync.WaitGroup // requests served here, until their reply is written (Add under mu, before draining)
 	sent, fallback, refusals atomic.Int64
+	loggedRefusal            atomic.Int64 // unix ns of the last refusal logged
 }
 
 func newPeerLink(c *cluster, listen, advertise string) (*peerLink, error) {
@@ -150,6 +152,9 @@ func (l *peerLink) closer() {
 	defer l.c.r.wg.Done()
 	<-l.c.r.stop
 	_ = l.ln.Close()
+	l.mu.Lock()
+	l.draining = true
+	l.mu.Unlock()
 	done := make(chan struct{})
 	go func() { l.inflight.Wait(); close(done) }()
 	select {
@@ -166,7 +171,7 @@ func (l *peerLink) closer() {
 		_ = nc.Close()
 	}
 	for _, p := range peers {
-		p.mu.Lock()
+		p.mu.Lock() // a dial under way finishes first, and is seen here
 		pc := p.conn
 		p.mu.Unlock()
 		if pc != nil {
@@ -233,10 +238,11 @@ type peerConn struct {
 	nc  net.Conn
 	wmu sync.Mutex // one frame written at a time
 
-	mu      sync.Mutex
-	next    uint32
-	waiting map[uint32]chan peerAnswer
-	err     error // set once: the connection is gone
+	mu       sync.Mutex
+	next     uint32
+	waiting  map[uint32]chan peerAnswer
+	err      error        // set once: the connection is gone
+	lastRead atomic.Int64 // unix ns of the last answer read
 }
 
 type peerAnswer struct {
@@ -407,6 +413,7 @@ func (pc *peerConn) readLoop(br *bufio.Reader, r *Registry) {
 			return
 		}
 		a.buf = buf
+		pc.lastRead.Store(time.Now().UnixNano())
 		pc.mu.Lock()
 		ch := pc.waiting[id]
 		delete(pc.waiting, id)
@@ -501,6 +508,7 @@ func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []b
 		return peerAnswer{}, errLinkLost
 	}
 	p.l.sent.Add(1)
+	sentAt := time.Now().UnixNano()
 	select {
 	case a := <-ch:
 		answerChans.Put(ch)
@@ -524,6 +532,13 @@ func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []b
 			}
 		}
 		answerChans.Put(ch)
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && pc.lastRead.Load() < sentAt {
+			// Nothing came back on this connection while the request
+			// waited: the peer may be gone without a reset (a machine
+			// that lost power). The next request dials again, and goes by
+			// NATS if that fails, rather than wait here for TCP to notice.
+			pc.fail(errLinkLost)
+		}
 		return peerAnswer{}, ctx.Err()
 	}
 }
@@ -621,7 +636,9 @@ func (l *peerLink) serveConn(nc net.Conn) {
 	if err := l.serverHandshake(nc, br); err != nil {
 		l.refusals.Add(1)
 		ip, _, _ := net.SplitHostPort(nc.RemoteAddr().String())
-		l.c.r.cfg.Logger.Warn("pairing: peer link: refused a connection", "remote", nc.RemoteAddr().String(), "err", err)
+		if now, last := time.Now().UnixNano(), l.loggedRefusal.Load(); now-last > int64(time.Second) && l.loggedRefusal.CompareAndSwap(last, now) {
+			l.c.r.cfg.Logger.Warn("pairing: peer link: refused a connection (at most one such line a second; each is audited)", "remote", nc.RemoteAddr().String(), "err", err)
+		}
 		l.c.r.cfg.Audit.Record(context.Background(), audit.Entry{Event: audit.EventAuthFailed,
 			Detail: map[string]any{"endpoint": "peer-link", "ip": ip, "reason": err.Error()}})
 		return
@@ -648,7 +665,15 @@ func (l *peerLink) serveConn(nc net.Conn) {
 		}
 		pr.sc = sc
 		sc.sem <- struct{}{} // back-pressure: stop reading at peerMaxPending
+		l.mu.Lock()
+		if l.draining { // nothing done: the requester goes by NATS
+			l.mu.Unlock()
+			pr.write(0, nil, true, nil)
+			<-sc.sem
+			continue
+		}
 		l.inflight.Add(1)
+		l.mu.Unlock()
 		l.c.dispatch(job{p: pr})
 	}
 }
@@ -684,10 +709,16 @@ func parseRequest(b []byte) (*peerReq, bool) {
 // from here so that a payload goes out from where it lies.
 var leads = [2]byte{'0', '1'}
 
-// answer writes pr's reply: lead + body, or, when moved, no body.
+// answer writes pr's reply (see write), the request's end.
 func (pr *peerReq) answer(lead byte, body []byte, moved bool, meta *replyMeta) {
+	pr.write(lead, body, moved, meta)
+	<-pr.sc.sem
+	pr.sc.l.inflight.Done()
+}
+
+// write writes a reply: lead + body, or, when moved, no body.
+func (pr *peerReq) write(lead byte, body []byte, moved bool, meta *replyMeta) {
 	sc := pr.sc
-	defer func() { <-sc.sem; sc.l.inflight.Done() }()
 	var hb [4 + 4 + 2 + 8 + 2]byte
 	h := hb[:4]
 	h = binary.BigEndian.AppendUint32(h, pr.id)

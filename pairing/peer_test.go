@@ -1,0 +1,245 @@
+package pairing
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// pairedPeers returns two nodes with the link, a tab on A, and B having
+// learnt A's link (an admit).
+func pairedPeers(t *testing.T) (a, b *env, tb *tab, tid string) {
+	t.Helper()
+	es := clusterEnvs(t, 2, true)
+	a, b = es[0], es[1]
+	tok, tid := a.mint("u")
+	tb = a.pair(tok)
+	if paired, _, err := b.reg.Admit(ctxT(t), tid); !paired || err != nil {
+		t.Fatalf("B.Admit = %v %v", paired, err)
+	}
+	if b.reg.cl.peerOf(tid) == nil {
+		t.Fatal("B did not learn A's link from the admit")
+	}
+	return a, b, tb, tid
+}
+
+// callVia runs b.Call in the background.
+func callVia(t *testing.T, e *env, tid, tool string, timeout time.Duration) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.reg.Call(ctxT(t), tid, tool, nil, timeout)
+		done <- err
+	}()
+	return done
+}
+
+// Calls on the link do not touch NATS: B publishes nothing while it
+// forwards them.
+func TestPeerLinkBypassesNATS(t *testing.T) {
+	t.Parallel()
+	_, b, tb, tid := pairedPeers(t)
+	before := b.reg.cl.nc.Stats().OutMsgs
+	for i := range 5 {
+		done := make(chan error, 1)
+		var res json.RawMessage
+		go func() {
+			var err error
+			res, err = b.reg.Call(ctxT(t), tid, "get_state", nil, 0)
+			done <- err
+		}()
+		tb.answerNext(`{"i":` + string(rune('0'+i)) + `}`)
+		if err := recv(t, done); err != nil || string(res) != `{"i":`+string(rune('0'+i))+`}` {
+			t.Fatalf("call %d = %s, %v", i, res, err)
+		}
+	}
+	if n := b.reg.cl.nc.Stats().OutMsgs - before; n != 0 {
+		t.Fatalf("B published %d NATS messages for 5 calls on the link", n)
+	}
+	if st := b.reg.Stats().Cluster; st.Direct != 5 {
+		t.Fatalf("B's stats %+v, want 5 direct", st)
+	}
+}
+
+// A connection lost with a call on it: the call is in doubt (the owner may
+// have sent the frame), answered once; the next call dials again.
+func TestPeerLinkLostInDoubt(t *testing.T) {
+	t.Parallel()
+	a, b, tb, tid := pairedPeers(t)
+	done := callVia(t, b, tid, "slow", 10*time.Second)
+	tb.expect("rpc") // the frame reached the tab
+	a.reg.cl.peer.mu.Lock()
+	for nc := range a.reg.cl.peer.inbound {
+		_ = nc.Close()
+	}
+	a.reg.cl.peer.mu.Unlock()
+	err := recv(t, done)
+	if !errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrPaused) {
+		t.Fatalf("call whose link was lost = %v, want in doubt (not paused: a retry could run it twice)", err)
+	}
+	done = callVia(t, b, tid, "again", 0)
+	tb.answerNext(`{}`)
+	if err := recv(t, done); err != nil {
+		t.Fatalf("call after the link was lost = %v", err)
+	}
+}
+
+// A node the link cannot reach: requests go by NATS and succeed.
+func TestPeerLinkFallsBackToNATS(t *testing.T) {
+	t.Parallel()
+	a, b, tb, tid := pairedPeers(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	_ = ln.Close() // nothing listens there now
+	info := a.reg.cl.peer.info
+	info.Node = "gone"
+	info.Addr = dead
+	b.reg.cl.setPeer(tid, b.reg.cl.peer.learn(&info), nil)
+	done := callVia(t, b, tid, "get_state", 0)
+	tb.answerNext(`{}`)
+	if err := recv(t, done); err != nil {
+		t.Fatalf("call with an unreachable link = %v", err)
+	}
+	if st := b.reg.Stats().Cluster; st.Fallbacks != 1 {
+		t.Fatalf("B's stats %+v, want one fallback", st)
+	}
+}
+
+// B still names A's link for a tab that moved to C: A answers "moved"
+// without doing anything, and the request goes by NATS to C.
+func TestPeerLinkMoved(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 3, true)
+	a, b, c := es[0], es[1], es[2]
+	tok, tid := c.mint("u")
+	tb := c.pair(tok)
+	var asked atomic.Int32
+	h := *a.reg.hooks.Load()
+	h.OnAdmit = func(string) (bool, int64) { asked.Add(1); return true, 0 }
+	a.reg.SetHooks(h)
+	b.reg.cl.setPeer(tid, b.reg.cl.peer.learn(&a.reg.cl.peer.info), nil)
+	if paired, _, err := b.reg.Admit(ctxT(t), tid); !paired || err != nil { // by A's link: moved, then NATS
+		t.Fatalf("Admit = %v %v", paired, err)
+	}
+	if asked.Load() != 0 {
+		t.Fatal("A ran the admit of a tab it does not hold")
+	}
+	if p := b.reg.cl.peerOf(tid); p == nil || p.node != c.reg.cl.node {
+		t.Fatalf("B's link for the tab after the admit: %+v, want C's", p)
+	}
+	done := callVia(t, b, tid, "get_state", 0)
+	tb.answerNext(`{}`)
+	if err := recv(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.reg.Stats().Cluster; st.Fallbacks != 1 || st.Direct != 2 {
+		t.Fatalf("B's stats %+v, want 1 fallback (the moved admit) and 2 direct", st)
+	}
+}
+
+// The handshake: a client without the key, or asking for another node, is
+// refused and audited before any request is read; a server without the key
+// cannot pass as the node.
+func TestPeerLinkHandshake(t *testing.T) {
+	t.Parallel()
+	a, _, _, _ := pairedPeers(t)
+	l := a.reg.cl.peer
+	for _, node := range []string{l.info.Node, "n9"} {
+		nc, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+		// A client without the key answers the challenge with a guess.
+		_, _ = io.WriteString(nc, peerProto+" "+node+" "+nonce()+"\n")
+		br := bufio.NewReader(nc)
+		_, _ = readLine(br)
+		_, _ = io.WriteString(nc, mac(make([]byte, 32), "c", "x", "y")+"\n")
+		// Nothing is served on a refused connection: no "ok", no reply.
+		f := binary.BigEndian.AppendUint32(nil, 20)
+		_, _ = nc.Write(append(f, make([]byte, 20)...))
+		if rest, _ := io.ReadAll(br); len(rest) != 0 {
+			t.Fatalf("node %q: the refused connection answered %q", node, rest)
+		}
+		_ = nc.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for a.reg.Stats().Cluster.PeerRefused != 2 || len(a.sink.find("auth-failed")) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("refusals %d, audited %v", a.reg.Stats().Cluster.PeerRefused, a.sink.find("auth-failed"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if d := a.sink.find("auth-failed")[0].Detail; d["endpoint"] != "peer-link" {
+		t.Fatalf("audit detail %v", d)
+	}
+
+	// An impostor at the address (answers the challenge without the key).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		_, _ = readLine(bufio.NewReader(nc))
+		_, _ = io.WriteString(nc, nonce()+" "+mac(make([]byte, 32), "s", "x", "y")+"\n")
+		_, _ = io.Copy(io.Discard, nc)
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := clientHandshake(nc, bufio.NewReader(nc), "n0", l.key); err == nil || !strings.Contains(err.Error(), "does not hold the key") {
+		t.Fatalf("handshake with an impostor = %v", err)
+	}
+}
+
+// Shutdown with the link busy ends every goroutine (TestMain's leak check)
+// and answers the call in flight once.
+func TestPeerLinkShutdown(t *testing.T) {
+	t.Parallel()
+	a, b, tb, tid := pairedPeers(t)
+	done := callVia(t, b, tid, "slow", 10*time.Second)
+	tb.expect("rpc")
+	if err := a.reg.Shutdown(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := recv(t, done); !errors.Is(err, ErrPaused) {
+		t.Fatalf("call in flight when the tab's node shut down = %v, want paused", err)
+	}
+	if err := b.reg.Shutdown(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Frames from a peer are parsed without panicking, whatever their bytes.
+func FuzzPeerFrames(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 1, 1, 4, 'c', 'a', 'l', 'l', 0, 1, 't', '{', '}'})
+	f.Add([]byte{0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 2, '{', '}', '0', '1'})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) >= 8 {
+			if pr, ok := parseRequest(b); ok && len(pr.op)+len(pr.tid)+len(pr.body) > len(b) {
+				t.Fatal("request fields longer than the frame")
+			}
+		}
+		if len(b) >= 6 {
+			_, _, _ = parseAnswer(b)
+		}
+	})
+}
