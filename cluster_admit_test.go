@@ -40,8 +40,8 @@ func limitedPair(t *testing.T, burst int) (a, b *lapdtest.Server, tab *lapdtest.
 
 func forwarded(s *lapdtest.Server) int64 { return s.Lapd.Stats().Pairing.Cluster.Forwarded }
 
-// A steady stream of calls made on B for a tab on A costs one NATS round
-// trip each: the admit (paired? + A's rate limit) travels with the call
+// A steady stream of calls made on B for a tab on A costs one round trip
+// each (on the peer link by default; by NATS without it): the admit (paired? + A's rate limit) travels with the call
 // instead of before it. BenchmarkClusterObserve reports the exact hops/op;
 // here a stall of over a second on a loaded machine may cost a call an
 // extra admit, so the bound is looser than the 2 hops per call of asking
@@ -69,12 +69,12 @@ func TestClusterOneHopPerCall(t *testing.T) {
 		}
 		hops := forwarded(b) - before
 		if hops > n*3/2 {
-			t.Errorf("%d %s calls via B made %d NATS requests, want about %d (one each)", n, route, hops, n)
+			t.Errorf("%d %s calls via B made %d forwarded requests, want about %d (one each)", n, route, hops, n)
 		}
 		if got := tab.RPCCount("observe") + tab.RPCCount("get_state") - rpcs; got != n {
 			t.Errorf("the tab answered %d rpcs for %d %s calls: a call was doubled or lost", got, n, route)
 		}
-		t.Logf("%s: %d calls, %d NATS requests", route, n, hops)
+		t.Logf("%s: %d calls, %d forwarded requests", route, n, hops)
 	}
 }
 

@@ -427,6 +427,10 @@ func TestClusterMetrics(t *testing.T) {
 	if v := value(fb, "lapd_cluster_forwarded_total", "outcome", "sent"); v < 2 {
 		t.Errorf("B forwarded %v, want ≥ 2", v)
 	}
+	// After the first admit (by NATS: it names A's peer link), B's calls go on the link.
+	if v := value(fb, "lapd_cluster_peer_total", "outcome", "sent"); v < 2 {
+		t.Errorf("B sent %v requests on the peer link, want ≥ 2", v)
+	}
 	if v := value(fa, "lapd_cluster_served_total"); v < 2 {
 		t.Errorf("A served %v, want ≥ 2", v)
 	}

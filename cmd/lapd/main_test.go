@@ -76,6 +76,10 @@ func TestServeFlagsRefuseBadInput(t *testing.T) {
 		{[]string{"--nats", "nats://127.0.0.1:4222", "--nats-replicas", "7"}, nil, `--nats-replicas "7": want a number from 1 to 5`},
 		{nil, map[string]string{"LAPD_NATS": "nats://127.0.0.1:4222", "LAPD_NATS_REPLICAS": "three"}, `--nats-replicas "three"`},
 		{[]string{"--nats-replicas", "3"}, nil, "--nats-replicas needs --nats"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--peer-listen", "7422"}, nil, `--peer-listen "7422": want host:port`},
+		{[]string{"--peer-advertise", "10.0.0.5:7422"}, nil, "--peer-advertise needs --nats"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--peer-listen", "off", "--peer-advertise", "10.0.0.5:7422"}, nil, "--peer-listen is off"},
+		{nil, map[string]string{"LAPD_NATS": "nats://127.0.0.1:4222", "LAPD_PEER_ADVERTISE": "host"}, `--peer-advertise "host": want host:port`},
 	} {
 		_, err := parseServeFlags(tc.args, io.Discard, envMap(tc.env))
 		var ue usageError
@@ -520,6 +524,33 @@ func TestNATSReplicasFlag(t *testing.T) {
 		}
 		if a.NATSReplicas != tc.want {
 			t.Errorf("%v %v: NATSReplicas %d, want %d", tc.args, tc.env, a.NATSReplicas, tc.want)
+		}
+	}
+}
+
+// --peer-listen and --peer-advertise (or their env) reach lapd.Config;
+// the default is the loopback link.
+func TestPeerLinkFlags(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args            []string
+		env             map[string]string
+		listen, adverts string
+	}{
+		{[]string{"--nats", "nats://127.0.0.1:4222"}, nil, "127.0.0.1:0", ""},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--peer-listen", "off"}, nil, "off", ""},
+		{[]string{"--nats", "nats://127.0.0.1:4222"}, map[string]string{"LAPD_PEER_LISTEN": ":7422", "LAPD_PEER_ADVERTISE": "10.0.0.5:7422"}, ":7422", "10.0.0.5:7422"},
+	} {
+		c, err := parseServeFlags(tc.args, io.Discard, envMap(tc.env))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := lapdConfig(c, io.Discard, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.PeerListen != tc.listen || a.PeerAdvertise != tc.adverts {
+			t.Errorf("%v %v: PeerListen %q, PeerAdvertise %q; want %q, %q", tc.args, tc.env, a.PeerListen, a.PeerAdvertise, tc.listen, tc.adverts)
 		}
 	}
 }
