@@ -429,7 +429,9 @@ func TestClusterRefreshHealth(t *testing.T) {
 // The owner's workers outlive requests, but a call waiting for the tab
 // never holds up another: both reach the tab before either is answered,
 // on fresh workers and on idle ones alike.
-func TestClusterConcurrentCallsOnWorkers(t *testing.T) { bothLinks(t, testClusterConcurrentCallsOnWorkers) }
+func TestClusterConcurrentCallsOnWorkers(t *testing.T) {
+	bothLinks(t, testClusterConcurrentCallsOnWorkers)
+}
 
 func testClusterConcurrentCallsOnWorkers(t *testing.T, link bool) {
 	es := clusterEnvs(t, 2, link)
