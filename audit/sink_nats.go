@@ -24,7 +24,10 @@ import (
 // Write does not wait for JetStream: it queues an asynchronous publish
 // (at most 4,096 outstanding; past that Write waits, which is the
 // backpressure), and a publish JetStream refuses is counted (Failed) and
-// logged, never dropped silently. Close waits for the outstanding acks.
+// logged, never dropped silently. A stream that has no leader for a while
+// (on a JetStream cluster, the seconds an election takes after the
+// leader's server is lost) is waited out: the publish is retried for up to
+// 15 s. Close waits for the outstanding acks.
 type NATSSink struct {
 	js     jetstream.JetStream
 	prefix string
@@ -114,6 +117,14 @@ func subjectToken(s string) string {
 	return s
 }
 
+// A stream with no leader answers a publish with "no responders" until
+// JetStream elects one: on a cluster, that is several seconds after the
+// leader's server is lost (nats-server's election timeout is 4 to 9 s).
+// nats.go's default retries it twice, 250 ms apart, which would drop from
+// the cluster's trail every entry written during an election; the sink
+// retries for 15 s instead.
+var leaderlessRetry = []jetstream.PublishOpt{jetstream.WithRetryWait(250 * time.Millisecond), jetstream.WithRetryAttempts(60)}
+
 // Write queues e for the stream.
 func (s *NATSSink) Write(ctx context.Context, e Entry) error {
 	if s.closed.Load() {
@@ -123,7 +134,7 @@ func (s *NATSSink) Write(ctx context.Context, e Entry) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.js.PublishAsync(s.prefix+".audit."+subjectToken(e.Event)+"."+subjectToken(e.TID), b)
+	_, err = s.js.PublishAsync(s.prefix+".audit."+subjectToken(e.Event)+"."+subjectToken(e.TID), b, leaderlessRetry...)
 	return err
 }
 
