@@ -52,6 +52,14 @@ func TestClusterJetStreamReplicas(t *testing.T) {
 		ns[i] = startServer(t, "", "--nats", srv[i].url, "--nats-replicas", "3", "--node-id", fmt.Sprint("n", i),
 			"--log-level", "info")
 	}
+	logs := append([]*server(nil), ns[:]...) // every node's log is printed if the test fails
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, s := range logs {
+				t.Logf("lapd %s:\n%s", s.URL, s.stderr.String())
+			}
+		}
+	})
 	streams := []string{"KV_lapd_tokens", "KV_lapd_confirm", "KV_lapd_mcp", "lapd_audit"}
 	for _, name := range streams {
 		info := streamInfo(t, js, name)
@@ -89,9 +97,13 @@ func TestClusterJetStreamReplicas(t *testing.T) {
 	}
 	// The audit entries are published asynchronously: wait until the
 	// stream has them, so that they were acknowledged before the kill.
-	before := []string{"mint", "msg-dispatched", "confirm-proposed"}
 	waitCond(t, "the audit stream to hold the session's entries", 20*time.Second, func() bool {
-		return hasEvents(clusterAudit(t, srv[1].url, sess.TID), before...)
+		trail, _ := clusterAudit(t, srv[1].url, sess.TID)
+		var events []string
+		for k := range trail {
+			events = append(events, k.Event)
+		}
+		return hasEvents(events, "mint", "msg-dispatched", "confirm-proposed")
 	})
 
 	// Kill s0: n0's server and every stream's leader.
@@ -100,15 +112,28 @@ func TestClusterJetStreamReplicas(t *testing.T) {
 	}
 	<-srv[0].done
 	killed := time.Now()
+	// Calls right after the kill, while no stream has a leader (an election
+	// takes 4 s at least): whatever they answer, the node that answers
+	// audits them, and those entries too must reach the cluster's trail.
+	for _, s := range ns[1:] {
+		st, _ := lapJS(t, s, sess.Token, "/observe", map[string]any{})
+		t.Logf("observe through %s right after the kill: %d", s.URL, st)
+	}
 
 	// A new session: minted on n2 once the token bucket has a leader again
 	// (until then the write is refused: no quorum has elected one yet).
 	var sess2 lapdtest.Session
+	var refused error
 	waitCond(t, "a mint to succeed after the kill", 30*time.Second, func() bool {
 		sess2, err = lapdtest.Mint(ctx, nil, ns[2].URL+"/agent/mint")
+		if err != nil && refused == nil {
+			refused = err
+			t.Logf("a mint during the election: %v", err)
+		}
 		return err == nil
 	})
-	t.Logf("first mint after the kill of s0 (%v after it)", time.Since(killed).Round(time.Millisecond))
+	elected := time.Now()
+	t.Logf("first mint after the kill of s0 (%v after it)", elected.Sub(killed).Round(time.Millisecond))
 	// n0 reconnected to a surviving server: a call through n2 reaches its tab.
 	waitCond(t, "a call forwarded to n0 to succeed", 30*time.Second, func() bool {
 		st, _ := lapJS(t, ns[2], sess.Token, "/observe", map[string]any{})
@@ -132,6 +157,12 @@ func TestClusterJetStreamReplicas(t *testing.T) {
 		}
 		t.Logf("%s: leader %s after the kill", name, info.Cluster.Leader)
 	}
+
+	// A node restarted while s0 is down starts (its buckets and stream
+	// are bound with three replicas while only two servers answer).
+	ns[2].stop(t)
+	ns[2] = startServer(t, "", "--nats", srv[2].url, "--nats-replicas", "3", "--node-id", "n2", "--log-level", "info")
+	logs = append(logs, ns[2])
 
 	// Nothing acknowledged was lost: the first session's token verifies on
 	// every node, and its pending approval, answered now in the tab on n0,
@@ -175,14 +206,39 @@ func TestClusterJetStreamReplicas(t *testing.T) {
 	})
 
 	// The cluster's audit trail has the first session's entries from
-	// before the kill and the approval after it.
-	want := append(before, "confirm-approved")
-	waitCond(t, "the audit stream to hold the approval", 20*time.Second, func() bool {
-		return hasEvents(clusterAudit(t, srv[2].url, sess.TID), want...)
-	})
-	if ev := clusterAudit(t, srv[2].url, sess2.TID); !hasEvents(ev, "mint", "msg-dispatched", "revoke") {
-		t.Errorf("audit of the session made after the kill: %v, want mint, msg-dispatched, revoke", ev)
+	// before the kill and the approval after it; and every entry any node
+	// wrote to its own sink (stdout) for either session, during the
+	// election too, is in it.
+	for _, sn := range []lapdtest.Session{sess, sess2} {
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) { // polls the stream
+			trail, ok := clusterAudit(t, srv[2].url, sn.TID)
+			var lost []auditKey
+			for k, n := range nodeAudit(logs, sn.TID) {
+				if trail[k] < n {
+					lost = append(lost, k)
+				}
+			}
+			if ok && len(lost) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("session %s: entries the nodes wrote to stdout that are not in the cluster's trail (30 s on): %v", sn.TID, lost)
+			}
+		}
 	}
+	trail, _ := clusterAudit(t, srv[2].url, sess.TID)
+	var events []string
+	during := 0
+	for k := range trail {
+		events = append(events, k.Event)
+		if k.At >= killed.UnixMilli() && k.At <= elected.UnixMilli() {
+			during++
+		}
+	}
+	if !hasEvents(events, "mint", "msg-dispatched", "confirm-proposed", "confirm-approved") || during == 0 {
+		t.Fatalf("the cluster's trail for the first session: %v, %d written between the kill and the first mint after it; want mint, msg-dispatched, confirm-proposed, confirm-approved, and at least one written during the election", events, during)
+	}
+	t.Logf("cluster trail of the first session: %d entries, %d written between the kill and the first mint after it", len(trail), during)
 }
 
 // jsServer is one nats-server of a JetStream cluster started by the test.
@@ -331,24 +387,49 @@ func lapJS(t *testing.T, s *server, token, route string, body any) (int, map[str
 	return st, out
 }
 
-// clusterAudit is the event names `lapd audit --nats` lists for tid (nil
-// when the stream cannot be read yet).
-func clusterAudit(t *testing.T, natsURL, tid string) []string {
+// auditKey names one audit entry of a session.
+type auditKey struct {
+	Event string
+	At    int64
+}
+
+// clusterAudit is what `lapd audit --nats` lists for tid, counted by
+// entry; false when the stream cannot be read yet.
+func clusterAudit(t *testing.T, natsURL, tid string) (map[auditKey]int, bool) {
 	t.Helper()
 	cmd := exec.Command(lapdBin, "audit", "--nats", natsURL, "--tid", tid, "--limit", "0", "--format", "json")
 	out, err := cmd.Output()
 	if err != nil {
 		t.Logf("lapd audit --nats: %v", err)
-		return nil
+		return nil, false
 	}
-	var ev []string
-	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		var e struct{ Event string }
-		if json.Unmarshal([]byte(l), &e) == nil && e.Event != "" {
-			ev = append(ev, e.Event)
+	return auditEntries(string(out), tid), true
+}
+
+// nodeAudit is what the nodes wrote to their own sink (stdout) for tid.
+func nodeAudit(nodes []*server, tid string) map[auditKey]int {
+	all := map[auditKey]int{}
+	for _, s := range nodes {
+		for k, n := range auditEntries(s.audit.String(), tid) {
+			all[k] += n
 		}
 	}
-	return ev
+	return all
+}
+
+func auditEntries(jsonl, tid string) map[auditKey]int {
+	m := map[auditKey]int{}
+	for _, l := range strings.Split(jsonl, "\n") {
+		var e struct {
+			At    int64
+			TID   string
+			Event string
+		}
+		if json.Unmarshal([]byte(l), &e) == nil && e.TID == tid {
+			m[auditKey{e.Event, e.At}]++
+		}
+	}
+	return m
 }
 
 func hasEvents(got []string, want ...string) bool {
