@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lapd-dev/lapd/internal/kvrep"
 )
 
 // NATSSink appends entries to a JetStream stream that every lapd of a
@@ -94,7 +96,7 @@ func OpenNATSSink(ctx context.Context, nc *nats.Conn, cfg NATSSinkConfig) (*NATS
 			sc.Replicas = max(st.CachedInfo().Config.Replicas, 1)
 		}
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+	if _, err := kvrep.Create(ctx, js, func(ctx context.Context) (jetstream.Stream, error) { return js.CreateOrUpdateStream(ctx, sc) }); err != nil {
 		if cfg.Replicas > 0 {
 			return nil, fmt.Errorf("audit: stream %s with %d replicas: %w", sc.Name, cfg.Replicas, err)
 		}

@@ -66,6 +66,7 @@ type server struct {
 	stderr  *syncBuffer
 	audit   *syncBuffer
 	done    chan struct{}
+	urlc    chan string // the URL, once it listens
 }
 
 type syncBuffer struct {
@@ -103,39 +104,53 @@ func startServer(t *testing.T, dataDir string, extra ...string) *server {
 // it listens and stops it gracefully on cleanup.
 func runServer(tb testing.TB, bin, dataDir string, args ...string) *server {
 	tb.Helper()
+	s := launchServer(tb, bin, dataDir, args...)
+	s.awaitListening(tb)
+	return s
+}
+
+// launchServer starts `bin serve args…` and returns at once (several nodes
+// start together as an operator's shell loop starts them); awaitListening
+// waits for it. It is stopped gracefully on cleanup.
+func launchServer(tb testing.TB, bin, dataDir string, args ...string) *server {
+	tb.Helper()
 	cmd := exec.Command(bin, append([]string{"serve"}, args...)...)
 	cmd.Env = append(os.Environ(), "LAPD_ADDR=", "LAPD_DATA_DIR=")
-	s := &server{DataDir: dataDir, cmd: cmd, stderr: &syncBuffer{}, audit: &syncBuffer{}, done: make(chan struct{})}
+	s := &server{DataDir: dataDir, cmd: cmd, stderr: &syncBuffer{}, audit: &syncBuffer{}, done: make(chan struct{}), urlc: make(chan string, 1)}
 	cmd.Stdout = s.audit
 	pr, pw := io.Pipe()
 	cmd.Stderr = io.MultiWriter(s.stderr, pw)
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)
 	}
-	urlc := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			if m := listenRE.FindStringSubmatch(sc.Text()); m != nil {
 				select {
-				case urlc <- m[1]:
+				case s.urlc <- m[1]:
 				default:
 				}
 			}
 		}
 	}()
 	go func() { cmd.Wait(); pw.Close(); close(s.done) }()
+	tb.Cleanup(func() { s.stop(tb) })
+	return s
+}
+
+// awaitListening waits until a launched server listens and sets its URL.
+func (s *server) awaitListening(tb testing.TB) {
+	tb.Helper()
 	select {
-	case s.URL = <-urlc:
+	case s.URL = <-s.urlc:
 	case <-s.done:
 		tb.Fatalf("lapd serve exited before listening:\n%s", s.stderr.String())
 	case <-time.After(20 * time.Second):
-		cmd.Process.Kill()
+		s.cmd.Process.Kill()
 		<-s.done
 		tb.Fatalf("lapd serve did not listen within 20s:\n%s", s.stderr.String())
 	}
-	tb.Cleanup(func() { s.stop(tb) })
-	return s
 }
 
 // stop sends SIGTERM and waits for a graceful exit.

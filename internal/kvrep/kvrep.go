@@ -77,7 +77,7 @@ func Bucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueC
 			cfg.Replicas = max(st.CachedInfo().Config.Replicas, 1)
 		}
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+	kv, err := Create(ctx, js, func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateOrUpdateKeyValue(ctx, cfg) })
 	if err == nil {
 		return kv, nil
 	}
@@ -88,6 +88,34 @@ func Bucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueC
 		return kv, nil
 	}
 	return nil, fmt.Errorf("kvrep: bucket %s: %w", cfg.Bucket, err)
+}
+
+// createTimeouts are the attempts Create makes: a create is answered in
+// milliseconds, or not at all.
+var createTimeouts = []time.Duration{2 * time.Second, 5 * time.Second, 5 * time.Second}
+
+// Create sends an idempotent JetStream create-or-update request (create
+// calls js.CreateOrUpdateKeyValue or js.CreateOrUpdateStream) until
+// JetStream answers it, at most three times. On a JetStream cluster, when
+// several clients create the same stream at once (lapd nodes started
+// together), nats-server answers only one of them: the others get no
+// answer and time out although the stream now exists (nats-io/nats.go#949).
+// Sent again, the request updates the stream to the same config, which is
+// answered. Any other error, ctx's end, or a timeout that comes from a
+// request NATS refused this user (it is not answered either), ends it.
+func Create[T any](ctx context.Context, js jetstream.JetStream, create func(context.Context) (T, error)) (T, error) {
+	var v T
+	var err error
+	for _, d := range createTimeouts {
+		actx, cancel := context.WithTimeout(ctx, d)
+		v, err = create(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) ||
+			errors.Is(js.Conn().LastError(), nats.ErrPermissionViolation) {
+			break
+		}
+	}
+	return v, err
 }
 
 // Replica is the replica. Safe for concurrent use.
