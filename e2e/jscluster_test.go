@@ -47,10 +47,16 @@ func TestClusterJetStreamReplicas(t *testing.T) {
 	}
 	waitJetStream(t, js, len(srv))
 
+	// The three nodes start together, as a shell loop starts them: each
+	// creates the buckets and the stream, and all must come up.
 	var ns [3]*server
 	for i := range ns {
-		ns[i] = startServer(t, "", "--nats", srv[i].url, "--nats-replicas", "3", "--node-id", fmt.Sprint("n", i),
-			"--log-level", "info")
+		dir := t.TempDir()
+		ns[i] = launchServer(t, lapdBin, dir, "--addr", "127.0.0.1:0", "--data-dir", dir, "--nats", srv[i].url,
+			"--nats-replicas", "3", "--node-id", fmt.Sprint("n", i), "--log-level", "info")
+	}
+	for _, s := range ns {
+		s.awaitListening(t)
 	}
 	logs := append([]*server(nil), ns[:]...) // every node's log is printed if the test fails
 	t.Cleanup(func() {
