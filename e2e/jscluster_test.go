@@ -20,17 +20,19 @@ import (
 
 // TestClusterJetStreamReplicas runs lapd on a real JetStream cluster: three
 // nats-server processes on loopback (one cluster, JetStream on each) and
-// three `lapd serve --nats-replicas 3` nodes, node i connected to server i.
-// Every bucket and the audit stream have three replicas. The test moves the
+// three `lapd serve --nats-replicas 3` nodes started together, node i
+// connected to server i. Every bucket and the audit stream have three
+// replicas. The test moves the
 // leadership of all four to server s0, pairs a tab with node n0 (the node on
 // s0), works through the other nodes (calls forwarded to n0, a message, an
 // approval left pending), then kills s0 with SIGKILL: the tab's node loses
 // its server and every stream loses its leader at once. The two survivors
 // are a quorum: the streams elect new leaders, n0 reconnects to a survivor,
-// and the cluster goes on (a new session minted, paired and used; a
-// revocation on one node seen on another) with nothing acknowledged before
-// the kill lost (the first session's token, its tab, the pending approval,
-// the audit entries).
+// and the cluster goes on (a new session minted, paired and used; a node
+// restarted; a revocation on one node seen on another) with nothing
+// acknowledged before the kill lost (the first session's token, its tab,
+// the pending approval), and every audit entry a node wrote, during the
+// election too, in the cluster's stream.
 //
 //	go test ./e2e -run TestClusterJetStreamReplicas -v
 func TestClusterJetStreamReplicas(t *testing.T) {
@@ -119,15 +121,15 @@ func TestClusterJetStreamReplicas(t *testing.T) {
 	<-srv[0].done
 	killed := time.Now()
 	// Calls right after the kill, while no stream has a leader (an election
-	// takes 4 s at least): whatever they answer, the node that answers
-	// audits them, and those entries too must reach the cluster's trail.
+	// takes seconds): whatever they answer, the node that answers audits
+	// them, and those entries too must reach the cluster's trail.
 	for _, s := range ns[1:] {
 		st, _ := lapJS(t, s, sess.Token, "/observe", map[string]any{})
 		t.Logf("observe through %s right after the kill: %d", s.URL, st)
 	}
 
 	// A new session: minted on n2 once the token bucket has a leader again
-	// (until then the write is refused: no quorum has elected one yet).
+	// (until the survivors have elected one, the write fails).
 	var sess2 lapdtest.Session
 	var refused error
 	waitCond(t, "a mint to succeed after the kill", 30*time.Second, func() bool {
@@ -171,8 +173,9 @@ func TestClusterJetStreamReplicas(t *testing.T) {
 	logs = append(logs, ns[2])
 
 	// Nothing acknowledged was lost: the first session's token verifies on
-	// every node, and its pending approval, answered now in the tab on n0,
-	// is read as confirmed on n2.
+	// every node (n2, restarted, read it from the two surviving servers),
+	// and its pending approval, answered now in the tab on n0, is read as
+	// confirmed on n2.
 	for _, s := range ns {
 		if st, out := lapJS(t, s, sess.Token, "/state", map[string]any{}); st != 200 {
 			t.Fatalf("the first session's token on %s after the kill = %d %v", s.URL, st, out)
