@@ -29,7 +29,7 @@ import (
 // hand-offs and copies) cost more CPU than the node's own work for the
 // call, and half the throughput. So a node may also listen on a TCP
 // address of its own, and a node that forwards to it sends its requests
-// there directly, on one multiplexed connection per pair of nodes. NATS
+// there directly, on connections it keeps to that node. NATS
 // stays what it was for everything else: it finds a tab's owner (the
 // owner's admit reply names its peer address), carries takeover, the KV
 // buckets and the audit stream, and carries the request itself whenever
@@ -49,8 +49,13 @@ import (
 // requesting goroutine writes its request and reads the answer itself, and
 // the owner's goroutine for the connection reads a request, serves it and
 // writes the answer, so a forwarded call adds no hand-off between
-// goroutines on either side (on a machine with idle CPUs each hand-off
-// cost a futex wake: a fifth of the owner's CPU per call, multiplexed). A
+// goroutines on either side (a first version multiplexed one connection
+// per pair of nodes through a reader goroutine on each side; each hand-off
+// can cost a futex wake on a machine with idle CPUs). An idle connection
+// is peeked (without waiting) before it is used, so one the owner closed
+// meanwhile is not written on; an answer that has not come peerLate after
+// the caller's deadline (which the owner keeps itself) marks the node
+// unreachable for peerRetry (a machine gone without a reset). A
 // node keeps idle connections to each peer (at most peerIdle) and opens
 // more while requests run concurrently (at most peerMaxConns per peer;
 // beyond that, NATS).
@@ -88,6 +93,7 @@ const (
 	peerMaxConns  = 256              // connections to one peer (requests in flight to it)
 	peerIdle      = 32               // idle connections kept per peer
 	peerDrain     = 2 * time.Second  // Shutdown: replies in flight may finish
+	peerLate      = time.Second      // an answer this late after the caller's deadline: the peer is gone
 )
 
 // errMoved: the peer does not hold the tab (and did nothing); errNoLink:
@@ -289,7 +295,7 @@ func (p *peer) take() *peerConn {
 // is written on it, so that such a connection does not turn a call into
 // one in doubt. Costs one non-blocking peek.
 func (pc *peerConn) alive() bool {
-	return pc.br.Buffered() == 0 && open(pc.nc) // nothing is due on an idle connection
+	return pc.br.Buffered() == 0 && peerOpen(pc.nc) // nothing is due on an idle connection
 }
 
 // put returns a connection whose answer was read whole.
@@ -310,6 +316,18 @@ func (p *peer) drop(pc *peerConn) {
 	p.mu.Lock()
 	p.open--
 	p.mu.Unlock()
+}
+
+// suspect stops using p for peerRetry and closes its idle connections.
+func (p *peer) suspect() {
+	p.mu.Lock()
+	p.badUntil = time.Now().Add(peerRetry)
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, pc := range idle {
+		p.drop(pc)
+	}
 }
 
 // close ends the peer: idle connections closed, busy ones when their
@@ -474,13 +492,23 @@ func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []b
 	f = binary.BigEndian.AppendUint16(f, uint16(len(tid)))
 	f = append(f, tid...)
 	f = append(f, body...)
-	deadline, _ := ctx.Deadline() // zero: none
+	// The owner answers by the caller's deadline itself (the request
+	// carries it), so the read waits peerLate beyond it: an answer that
+	// does not come by then means the node, or the way to it, is gone.
+	var deadline time.Time
+	if d, ok := ctx.Deadline(); ok {
+		deadline = d.Add(peerLate)
+	}
 	_ = pc.nc.SetReadDeadline(deadline)
 	_ = pc.nc.SetWriteDeadline(time.Now().Add(peerWrite))
 	stop := func() bool { return true }
 	if ctx.Done() != nil {
 		// A caller that goes away ends the read (no goroutine waits for it).
-		stop = context.AfterFunc(ctx, func() { _ = pc.nc.SetReadDeadline(time.Unix(1, 0)) })
+		stop = context.AfterFunc(ctx, func() {
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				_ = pc.nc.SetReadDeadline(time.Unix(1, 0))
+			}
+		})
 	}
 	wrote, err := pc.nc.Write(f)
 	*fb = f
@@ -498,6 +526,14 @@ func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []b
 	stopped := stop()
 	if err != nil {
 		p.drop(pc) // what comes next on it, if anything, is this answer
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// No answer peerLate after the deadline the owner keeps: the
+			// node is gone without a reset (a machine that lost power).
+			// Its other connections would wait as this one did: NATS
+			// carries its requests for a while.
+			p.suspect()
+		}
 		if ctx.Err() != nil {
 			return peerAnswer{}, ctx.Err()
 		}

@@ -4,6 +4,6 @@ package pairing
 
 import "net"
 
-// open: without a non-blocking peek, an idle connection is taken as open
+// peerOpen: without a non-blocking peek, an idle connection is taken as open
 // (a closed one then fails the request that uses it: in doubt for a call).
-func open(net.Conn) bool { return true }
+func peerOpen(net.Conn) bool { return true }

@@ -2,7 +2,9 @@ package pairing
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -280,4 +282,48 @@ func FuzzPeerFrames(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A peer that takes requests and never answers (a machine gone without a
+// reset): the call ends in doubt after its deadline, and the node is not
+// used for a while: the next request goes by NATS and succeeds.
+func TestPeerLinkSilentPeer(t *testing.T) {
+	t.Parallel()
+	_, b, tb, tid := pairedPeers(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ghost := &peerLink{info: peerInfo{Node: "ghost"}, key: make([]byte, 32)}
+	ghost.key[0] = 7
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer nc.Close()
+				br := bufio.NewReader(nc)
+				if ghost.serverHandshake(nc, br) == nil {
+					_, _ = io.Copy(io.Discard, br) // takes requests, answers none
+				}
+			}()
+		}
+	}()
+	b.reg.cl.setPeer(tid, b.reg.cl.peer.learn(&peerInfo{Node: "ghost", Addr: ln.Addr().String(), Key: hex.EncodeToString(ghost.key)}), nil)
+	ctx, cancel := context.WithTimeout(ctxT(t), 200*time.Millisecond)
+	defer cancel()
+	if _, err := b.reg.Call(ctx, tid, "get_state", nil, 0); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("call to a silent peer = %v, want the deadline, in doubt", err)
+	}
+	done := callVia(t, b, tid, "get_state", 0)
+	tb.answerNext(`{}`)
+	if err := recv(t, done); err != nil {
+		t.Fatalf("the next call = %v", err)
+	}
+	if st := b.reg.Stats().Cluster; st.Fallbacks != 1 {
+		t.Fatalf("B's stats %+v, want the next call by NATS", st)
+	}
 }

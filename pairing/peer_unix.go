@@ -8,10 +8,10 @@ import (
 	"syscall"
 )
 
-// open reports whether an idle connection's peer has neither closed it nor
+// peerOpen reports whether an idle connection's peer has neither closed it nor
 // sent anything: a peek that does not wait (a read deadline in the past
 // would not do: Go refuses the read before asking the kernel).
-func open(nc net.Conn) bool {
+func peerOpen(nc net.Conn) bool {
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return true
