@@ -598,8 +598,14 @@ func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) 
 			p.l.fallback.Add(1)
 		default: // errLinkLost, or ctx ended
 			c.failures.Add(1)
-			if errors.Is(err, errLinkLost) && op != "call" {
-				err = ErrPaused // only a call's loss is in doubt (call, below)
+			if errors.Is(err, errLinkLost) {
+				// The tab's node went away with the request on it: its
+				// tabs re-pair elsewhere (paused), and a call may have
+				// reached the tab (in doubt), as on a takeover.
+				err = ErrPaused
+				if op == "call" {
+					err = inDoubt{ErrPaused}
+				}
 			}
 			return nil, nil, err
 		}
