@@ -545,8 +545,8 @@ func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []b
 		p.drop(pc)
 		return peerAnswer{}, errLinkLost
 	}
-	if stopped {
-		p.put(pc)
+	if stopped || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		p.put(pc) // (the AfterFunc leaves the deadline alone for an expired ctx)
 	} else {
 		p.drop(pc) // the AfterFunc ran or runs: its deadline may land on the next request
 	}

@@ -327,3 +327,31 @@ func TestPeerLinkSilentPeer(t *testing.T) {
 		t.Fatalf("B's stats %+v, want the next call by NATS", st)
 	}
 }
+
+// What the owner keeps past a request on the link (a log entry, a frame
+// queued for the tab) is its own copy, not the connection's read buffer,
+// which the next requests reuse.
+func TestPeerLinkKeepsCopies(t *testing.T) {
+	t.Parallel()
+	a, b, tb, tid := pairedPeers(t)
+	if err := b.reg.AppendLog(tid, json.RawMessage(`{"id":"kept-1","kind":"narrate","text":"`+strings.Repeat("k", 300)+`"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // requests that reuse the pooled buffers
+		done := callVia(t, b, tid, "get_state", 0)
+		tb.answerNext(`{"s":"` + strings.Repeat("x", 2000) + `"}`)
+		if err := recv(t, done); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log := a.reg.RecentLog(tid, 10, "")
+	found := false
+	for _, e := range log {
+		if strings.Contains(string(e), `"kept-1"`) && strings.Contains(string(e), strings.Repeat("k", 300)) {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("the entry appended via B is not intact on A: %s", log)
+	}
+}
