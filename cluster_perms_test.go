@@ -113,6 +113,7 @@ func TestClusterNATSUserMissingAPermission(t *testing.T) {
 		"pub tab subjects": {Publish: &server.SubjectPermission{Allow: without(full.Publish.Allow, p+".tab.>")}, Subscribe: full.Subscribe},
 		"pub replies":      {Publish: &server.SubjectPermission{Allow: without(full.Publish.Allow, "_INBOX.>")}, Subscribe: full.Subscribe},
 		"sub takeover":     {Publish: full.Publish, Subscribe: &server.SubjectPermission{Allow: without(full.Subscribe.Allow, p+".takeover")}},
+		"pub audit":        {Publish: &server.SubjectPermission{Allow: without(full.Publish.Allow, p+".audit.>")}, Subscribe: full.Subscribe},
 		"create bucket":    {Publish: &server.SubjectPermission{Allow: without(full.Publish.Allow, "$JS.API.STREAM.CREATE.KV_"+p+"_tokens")}, Subscribe: full.Subscribe},
 	}
 	for name, perms := range cases {

@@ -202,6 +202,11 @@ func (s *Server) openAuditSinks(ctx context.Context, cfg Config) ([]audit.Sink, 
 			return nil, errors.New("lapd: AuditNATS needs a cluster (NATSURL or NATSConn)")
 		}
 		ns, err := audit.OpenNATSSink(ctx, s.nc, audit.NATSSinkConfig{Prefix: s.cluster, Logger: s.log, Replicas: cfg.NATSReplicas})
+		if err == nil {
+			if err = ns.CheckPublish(ctx); err != nil {
+				_ = ns.Close()
+			}
+		}
 		if err != nil {
 			closeSinks(sinks[len(cfg.AuditSinks):])
 			return nil, natsRefused(s.nc, fmt.Errorf("lapd: audit stream: %w", err))

@@ -119,6 +119,25 @@ func subjectToken(s string) string {
 	return s
 }
 
+// CheckPublish proves that this connection may append entries to the
+// stream, without storing one: it publishes to the stream's subjects with an
+// expectation JetStream refuses (another stream's name), so a JetStream
+// answer of any kind means the publish got through, and none means NATS
+// dropped it (a missing publish permission: the server only reports that
+// to the connection's error handler). Without this a node whose user may
+// not publish to "<prefix>.audit.>" starts and then loses every entry's
+// copy in the cluster's trail.
+func (s *NATSSink) CheckPublish(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := s.js.Publish(ctx, s.prefix+".audit.probe._", nil, jetstream.WithExpectStream(StreamName(s.prefix)+"-probe"))
+	var apiErr *jetstream.APIError
+	if err == nil || errors.As(err, &apiErr) {
+		return nil
+	}
+	return fmt.Errorf("audit: publishing to %s.audit.> got no answer from JetStream (%w): may this node's NATS user publish there?", s.prefix, err)
+}
+
 // A stream with no leader answers a publish with "no responders" until
 // JetStream elects one: on a cluster, that is several seconds after the
 // leader's server is lost (nats-server's election timeout is 4 to 9 s).

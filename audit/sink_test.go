@@ -1,6 +1,8 @@
 package audit_test
 
 import (
+	"github.com/nats-io/nats.go/jetstream"
+
 	"database/sql"
 	"errors"
 	"fmt"
@@ -262,5 +264,34 @@ func TestOpenErrors(t *testing.T) {
 	}
 	if _, err := audit.OpenSQLiteSink(missing); err == nil {
 		t.Error("OpenSQLiteSink in a missing directory succeeded")
+	}
+}
+
+// CheckPublish proves the publish permission without storing anything.
+func TestNATSSinkCheckPublishStoresNothing(t *testing.T) {
+	t.Parallel()
+	nc := natstest.Start(t).Connect(t)
+	s, err := audit.OpenNATSSink(t.Context(), nc, audit.NATSSinkConfig{Prefix: "probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CheckPublish(t.Context()); err != nil {
+		t.Fatalf("CheckPublish with every permission: %v", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(t.Context(), audit.StreamName("probe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 0 {
+		t.Fatalf("the probe stored %d messages in the stream", info.State.Msgs)
 	}
 }

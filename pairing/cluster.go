@@ -598,8 +598,14 @@ func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) 
 			p.l.fallback.Add(1)
 		default: // errLinkLost, or ctx ended
 			c.failures.Add(1)
-			if errors.Is(err, errLinkLost) && op != "call" {
-				err = ErrPaused // only a call's loss is in doubt (call, below)
+			if errors.Is(err, errLinkLost) {
+				// The tab's node went away with the request on it: its
+				// tabs re-pair elsewhere (paused), and a call may have
+				// reached the tab (in doubt), as on a takeover.
+				err = ErrPaused
+				if op == "call" {
+					err = inDoubt{ErrPaused}
+				}
 			}
 			return nil, nil, err
 		}
@@ -908,7 +914,11 @@ func (c *cluster) handleNATS(m *nats.Msg) {
 
 // handlePeer serves a request that came on the peer link.
 func (c *cluster) handlePeer(pr *peerReq) {
-	c.exec(pr.op, pr.tid, pr.admit, pr.body, func(b []byte, err error, meta *replyMeta, notHere bool) {
+	body := pr.body // aliases the connection's pooled read buffer
+	if pr.op == "push" || pr.op == "append" {
+		body = append([]byte(nil), body...) // kept past the request (send queue, log ring)
+	}
+	c.exec(pr.op, pr.tid, pr.admit, body, func(b []byte, err error, meta *replyMeta, notHere bool) {
 		switch {
 		case notHere:
 			pr.answer('0', nil, true, nil)
@@ -925,7 +935,8 @@ func (c *cluster) handlePeer(pr *peerReq) {
 // answers it once through ans: a payload, an error, or (notHere, with
 // ErrPaused) nothing done because the tab is not on this node. meta is set
 // on a payload when the request carried its admit (the requester keeps
-// "paired" fresh from it: see DeferAdmit).
+// "paired" fresh from it: see DeferAdmit). data may alias a buffer reused
+// after exec returns: only push and append keep it, and get a copy.
 func (c *cluster) exec(op, tid string, admit bool, data []byte, ans func(b []byte, err error, meta *replyMeta, notHere bool)) {
 	c.served.Add(1)
 	r := c.r

@@ -29,7 +29,7 @@ import (
 // hand-offs and copies) cost more CPU than the node's own work for the
 // call, and half the throughput. So a node may also listen on a TCP
 // address of its own, and a node that forwards to it sends its requests
-// there directly, on one multiplexed connection per pair of nodes. NATS
+// there directly, on connections it keeps to that node. NATS
 // stays what it was for everything else: it finds a tab's owner (the
 // owner's admit reply names its peer address), carries takeover, the KV
 // buckets and the audit stream, and carries the request itself whenever
@@ -45,10 +45,25 @@ import (
 // have sent the frame), exactly as a NATS call whose reply never came,
 // and anything else is ErrPaused.
 //
-// Why not a library: net/rpc starts a goroutine per request and cannot
-// lend a reply's buffer to the caller; gRPC would bring HTTP/2 framing and
-// a large dependency for two message shapes. The framing below is
-// length-prefixed binary, read through one buffered reader per connection.
+// One request at a time per connection, as HTTP/1.1 keep-alive: the
+// requesting goroutine writes its request and reads the answer itself, and
+// the owner's goroutine for the connection reads a request, serves it and
+// writes the answer, so a forwarded call adds no hand-off between
+// goroutines on either side (a first version multiplexed one connection
+// per pair of nodes through a reader goroutine on each side; each hand-off
+// can cost a futex wake on a machine with idle CPUs). An idle connection
+// is peeked (without waiting) before it is used, so one the owner closed
+// meanwhile is not written on; an answer that has not come peerLate after
+// the caller's deadline (which the owner keeps itself) marks the node
+// unreachable for peerRetry (a machine gone without a reset). A
+// node keeps idle connections to each peer (at most peerIdle) and opens
+// more while requests run concurrently (at most peerMaxConns per peer;
+// beyond that, NATS).
+//
+// Why not a library: net/rpc multiplexes (the hand-offs above) and cannot
+// lend the reply's buffer to the caller; gRPC brings HTTP/2 framing and a
+// large dependency for two message shapes; net/http would parse and write
+// headers the link does not need, on both sides of every call.
 //
 // Authentication: each node draws a random 32-byte key at start and
 // publishes it only in its admit replies, on NATS (the cluster's trust
@@ -64,19 +79,21 @@ import (
 //
 // Frames (big-endian):
 //
-//	request  u32 n | u32 id | u8 flags (1 = admit) | u8 len(op) | op | u16 len(tid) | tid | body
-//	reply    u32 n | u32 id | u8 kind (0 = body, 1 = moved) | u8 meta | [u64 gen | u16 len(health) | health] | body
+//	request  u32 n | u8 flags (1 = admit) | u8 len(op) | op | u16 len(tid) | tid | body
+//	reply    u32 n | u8 kind (0 = body, 1 = moved) | u8 meta | [u64 gen | u16 len(health) | health] | body
 //
 // n counts the bytes after itself.
 
 const (
-	peerProto      = "LAPDPEER1"
-	peerHandshake  = 3 * time.Second  // dial + both handshake lines
-	peerRetry      = 5 * time.Second  // after a failed dial or handshake
-	peerWrite      = 10 * time.Second // a write to a peer that does not read
-	peerMaxConns   = 256              // inbound connections per node
-	peerMaxPending = 4096             // requests a connection may have in flight
-	peerDrain      = 2 * time.Second  // Shutdown: replies in flight may finish
+	peerProto     = "LAPDPEER2"
+	peerHandshake = 3 * time.Second  // dial + both handshake lines
+	peerRetry     = 5 * time.Second  // after a failed dial or handshake
+	peerWrite     = 10 * time.Second // a write to a peer that does not read
+	peerInbound   = 1024             // inbound connections per node
+	peerMaxConns  = 256              // connections to one peer (requests in flight to it)
+	peerIdle      = 32               // idle connections kept per peer
+	peerDrain     = 2 * time.Second  // Shutdown: replies in flight may finish
+	peerLate      = time.Second      // an answer this late after the caller's deadline: the peer is gone
 )
 
 // errMoved: the peer does not hold the tab (and did nothing); errNoLink:
@@ -171,12 +188,7 @@ func (l *peerLink) closer() {
 		_ = nc.Close()
 	}
 	for _, p := range peers {
-		p.mu.Lock() // a dial under way finishes first, and is seen here
-		pc := p.conn
-		p.mu.Unlock()
-		if pc != nil {
-			pc.fail(ErrPaused)
-		}
+		p.close() // idle connections; one in use is closed when its request ends
 	}
 }
 
@@ -200,17 +212,12 @@ func (l *peerLink) learn(pi *peerInfo) *peer {
 		return p
 	}
 	if p != nil { // the node came back with another address or key
-		p.mu.Lock()
-		pc := p.conn
-		p.conn = nil
-		p.mu.Unlock()
-		if pc != nil {
-			pc.fail(ErrPaused)
-		}
+		p.close()
 	}
 	if len(l.peers) >= maxRemote {
-		for k := range l.peers { // nodes come and go: forget one
+		for k, old := range l.peers { // nodes come and go: forget one
 			delete(l.peers, k)
+			old.close()
 			break
 		}
 	}
@@ -228,21 +235,17 @@ type peer struct {
 	addr string
 	key  []byte
 
-	mu       sync.Mutex // held while dialling
-	conn     *peerConn
+	mu       sync.Mutex
+	idle     []*peerConn // most recently used last
+	open     int         // connections open, idle or in use (and dials under way)
 	badUntil time.Time
+	gone     bool // the node changed address or key, or the link closed
 }
 
-// peerConn is one connection to a peer, shared by every request to it.
+// peerConn is one connection to a peer, used by one request at a time.
 type peerConn struct {
-	nc  net.Conn
-	wmu sync.Mutex // one frame written at a time
-
-	mu       sync.Mutex
-	next     uint32
-	waiting  map[uint32]chan peerAnswer
-	err      error        // set once: the connection is gone
-	lastRead atomic.Int64 // unix ns of the last answer read
+	nc net.Conn
+	br *bufio.Reader
 }
 
 type peerAnswer struct {
@@ -252,65 +255,116 @@ type peerAnswer struct {
 	meta   bool
 	gen    uint64
 	health []byte
-	err    error
 }
 
-// get returns a live connection to p, dialling one if needed; nil when the
-// peer cannot be reached now (the request goes by NATS).
-func (p *peer) get() *peerConn {
+// take returns a connection for one request: an idle one that is still
+// open, or a new one; nil when the peer cannot be reached now (the request
+// goes by NATS).
+func (p *peer) take() *peerConn {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if pc := p.conn; pc != nil {
-		pc.mu.Lock()
-		ok := pc.err == nil
-		pc.mu.Unlock()
-		if ok {
+	for len(p.idle) > 0 {
+		pc := p.idle[len(p.idle)-1]
+		p.idle = p.idle[:len(p.idle)-1]
+		p.mu.Unlock()
+		if pc.alive() {
 			return pc
 		}
-		p.conn = nil
+		p.drop(pc)
+		p.mu.Lock()
 	}
-	if time.Now().Before(p.badUntil) {
+	if p.gone || p.open >= peerMaxConns || time.Now().Before(p.badUntil) {
+		p.mu.Unlock()
 		return nil
 	}
+	p.open++
+	p.mu.Unlock()
 	pc, err := p.dial()
 	if err != nil {
+		p.mu.Lock()
+		p.open--
 		p.badUntil = time.Now().Add(peerRetry)
+		p.mu.Unlock()
 		p.l.c.r.cfg.Logger.Warn("pairing: peer link: cannot reach a node directly; its requests go by NATS", "node", p.node, "addr", p.addr, "err", err)
 		return nil
 	}
-	p.conn = pc
 	return pc
 }
 
+// alive reports whether an idle connection is still open: the peer has not
+// closed it (a node that stopped or was killed). Checked before a request
+// is written on it, so that such a connection does not turn a call into
+// one in doubt. Costs one non-blocking peek.
+func (pc *peerConn) alive() bool {
+	return pc.br.Buffered() == 0 && peerOpen(pc.nc) // nothing is due on an idle connection
+}
+
+// put returns a connection whose answer was read whole.
+func (p *peer) put(pc *peerConn) {
+	p.mu.Lock()
+	if !p.gone && len(p.idle) < peerIdle {
+		p.idle = append(p.idle, pc)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	p.drop(pc)
+}
+
+// drop closes a connection that will not be used again.
+func (p *peer) drop(pc *peerConn) {
+	_ = pc.nc.Close()
+	p.mu.Lock()
+	p.open--
+	p.mu.Unlock()
+}
+
+// suspect stops using p for peerRetry and closes its idle connections.
+func (p *peer) suspect() {
+	p.mu.Lock()
+	p.badUntil = time.Now().Add(peerRetry)
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, pc := range idle {
+		p.drop(pc)
+	}
+}
+
+// close ends the peer: idle connections closed, busy ones when their
+// request ends.
+func (p *peer) close() {
+	p.mu.Lock()
+	p.gone = true
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, pc := range idle {
+		p.drop(pc)
+	}
+}
+
 func (p *peer) dial() (*peerConn, error) {
+	r := p.l.c.r
+	r.mu.Lock()
+	shutting := r.shutting
+	r.mu.Unlock()
+	if shutting {
+		return nil, ErrClosed
+	}
 	nc, err := net.DialTimeout("tcp", p.addr, peerHandshake)
 	if err != nil {
 		return nil, err
 	}
 	_ = nc.SetDeadline(time.Now().Add(peerHandshake))
-	br := bufio.NewReaderSize(nc, 32<<10)
+	br := bufio.NewReaderSize(nc, 16<<10)
 	if err := clientHandshake(nc, br, p.node, p.key); err != nil {
 		_ = nc.Close()
 		return nil, err
 	}
-	_ = nc.SetDeadline(time.Time{})
-	pc := &peerConn{nc: nc, waiting: map[uint32]chan peerAnswer{}}
-	r := p.l.c.r
-	r.mu.Lock()
-	shutting := r.shutting
-	if !shutting {
-		r.wg.Add(1)
-	}
-	r.mu.Unlock()
-	if shutting {
-		_ = nc.Close()
-		return nil, ErrClosed
-	}
-	go pc.readLoop(br, r)
-	return pc, nil
+	return &peerConn{nc: nc, br: br}, nil
 }
 
-// clientHandshake: → "LAPDPEER1 <node> <cnonce>\n"; ← "<snonce> <proof>\n",
+// clientHandshake: → "LAPDPEER2 <node> <cnonce>\n"; ← "<snonce> <proof>\n",
 // proof = HMAC(key, "s" cnonce snonce); → "<proof>\n", HMAC(key, "c" cnonce
 // snonce); ← "ok\n".
 func clientHandshake(w io.Writer, br *bufio.Reader, node string, key []byte) error {
@@ -366,119 +420,69 @@ func readLine(br *bufio.Reader) (string, error) {
 	}
 }
 
-// fail ends the connection: every waiting request gets err.
-func (pc *peerConn) fail(err error) {
-	pc.mu.Lock()
-	if pc.err != nil {
-		pc.mu.Unlock()
-		return
-	}
-	pc.err = err
-	w := pc.waiting
-	pc.waiting = nil
-	pc.mu.Unlock()
-	_ = pc.nc.Close()
-	for _, ch := range w {
-		ch <- peerAnswer{err: err}
-	}
-}
-
-func (pc *peerConn) readLoop(br *bufio.Reader, r *Registry) {
-	defer r.wg.Done()
-	max := uint32(r.cfg.MaxFrame) + 1<<20
+// readFrame reads one frame's bytes after its length into a pooled buffer:
+// b aliases buf, which the caller releases (putReadBuf).
+func readFrame(br *bufio.Reader, max uint32, min uint32) (buf *bytes.Buffer, b []byte, err error) {
 	var hdr [4]byte
-	for {
-		if _, err := io.ReadFull(br, hdr[:]); err != nil {
-			pc.fail(errLinkLost)
-			return
-		}
-		n := binary.BigEndian.Uint32(hdr[:])
-		if n < 6 || n > max {
-			pc.fail(errLinkLost)
-			return
-		}
-		buf := bufPool.Get().(*bytes.Buffer)
-		buf.Reset()
-		buf.Grow(int(n))
-		b := buf.Bytes()[:n] // within the capacity Grow made; buf's length stays 0
-		if _, err := io.ReadFull(br, b); err != nil {
-			putReadBuf(buf)
-			pc.fail(errLinkLost)
-			return
-		}
-		a, id, ok := parseAnswer(b)
-		if !ok {
-			putReadBuf(buf)
-			pc.fail(errLinkLost)
-			return
-		}
-		a.buf = buf
-		pc.lastRead.Store(time.Now().UnixNano())
-		pc.mu.Lock()
-		ch := pc.waiting[id]
-		delete(pc.waiting, id)
-		pc.mu.Unlock()
-		if ch == nil { // its requester gave up
-			putReadBuf(buf)
-			continue
-		}
-		ch <- a
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		return nil, nil, err
 	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n < min || n > max {
+		return nil, nil, fmt.Errorf("pairing: peer: a frame of %d bytes", n)
+	}
+	buf = bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	buf.Grow(int(n))
+	b = buf.Bytes()[:n] // within the capacity Grow made; buf's length stays 0
+	if _, err := io.ReadFull(br, b); err != nil {
+		putReadBuf(buf)
+		return nil, nil, err
+	}
+	return buf, b, nil
 }
 
-func parseAnswer(b []byte) (a peerAnswer, id uint32, ok bool) {
-	id = binary.BigEndian.Uint32(b)
-	kind, meta := b[4], b[5]
-	b = b[6:]
+func parseAnswer(b []byte) (a peerAnswer, ok bool) {
+	kind, meta := b[0], b[1]
+	b = b[2:]
 	if meta == 1 {
 		if len(b) < 10 {
-			return a, 0, false
+			return a, false
 		}
 		a.meta, a.gen = true, binary.BigEndian.Uint64(b)
 		hl := int(binary.BigEndian.Uint16(b[8:]))
 		b = b[10:]
 		if len(b) < hl {
-			return a, 0, false
+			return a, false
 		}
 		a.health, b = b[:hl], b[hl:]
 	}
 	switch kind {
 	case 0:
+		if len(b) == 0 {
+			return a, false
+		}
 		a.body = b
 	case 1:
 		a.moved = true
 	default:
-		return a, 0, false
+		return a, false
 	}
-	return a, id, true
+	return a, true
 }
 
-var answerChans = sync.Pool{New: func() any { return make(chan peerAnswer, 1) }}
-
-// request sends one request and waits for its answer. errNoLink and
-// errMoved mean nothing was done (send it by NATS); errLinkLost means it
-// was sent and not answered. The caller releases the answer's buf.
+// request sends one request and reads its answer. errNoLink and errMoved
+// mean nothing was done (send it by NATS); errLinkLost means it was sent
+// and not answered; ctx.Err() that ctx ended first. The caller releases the
+// answer's buf.
 func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []byte) (peerAnswer, error) {
-	pc := p.get()
+	pc := p.take()
 	if pc == nil {
 		return peerAnswer{}, errNoLink
 	}
-	ch := answerChans.Get().(chan peerAnswer)
-	pc.mu.Lock()
-	if pc.err != nil || len(pc.waiting) >= peerMaxPending {
-		pc.mu.Unlock()
-		answerChans.Put(ch)
-		return peerAnswer{}, errNoLink
-	}
-	pc.next++
-	id := pc.next
-	pc.waiting[id] = ch
-	pc.mu.Unlock()
-
-	n := 4 + 1 + 1 + len(op) + 2 + len(tid) + len(body)
+	n := 1 + 1 + len(op) + 2 + len(tid) + len(body)
 	fb := getFrameBuf(4 + n)
 	f := binary.BigEndian.AppendUint32((*fb)[:0], uint32(n))
-	f = binary.BigEndian.AppendUint32(f, id)
 	flags := byte(0)
 	if admit {
 		flags = 1
@@ -488,59 +492,70 @@ func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []b
 	f = binary.BigEndian.AppendUint16(f, uint16(len(tid)))
 	f = append(f, tid...)
 	f = append(f, body...)
-	pc.wmu.Lock()
+	// The owner answers by the caller's deadline itself (the request
+	// carries it), so the read waits peerLate beyond it: an answer that
+	// does not come by then means the node, or the way to it, is gone.
+	var deadline time.Time
+	if d, ok := ctx.Deadline(); ok {
+		deadline = d.Add(peerLate)
+	}
+	_ = pc.nc.SetReadDeadline(deadline)
 	_ = pc.nc.SetWriteDeadline(time.Now().Add(peerWrite))
+	stop := func() bool { return true }
+	if ctx.Done() != nil {
+		// A caller that goes away ends the read (no goroutine waits for it).
+		stop = context.AfterFunc(ctx, func() {
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				_ = pc.nc.SetReadDeadline(time.Unix(1, 0))
+			}
+		})
+	}
 	wrote, err := pc.nc.Write(f)
-	pc.wmu.Unlock()
 	*fb = f
 	putFrameBuf(fb)
 	if err != nil {
-		pc.fail(errLinkLost)
-		a := <-ch // fail answered every waiter, or the reader did first
-		if wrote == 0 && a.err != nil {
-			answerChans.Put(ch)
+		stop()
+		p.drop(pc)
+		if wrote == 0 && ctx.Err() == nil {
 			return peerAnswer{}, errNoLink
-		}
-		answerChans.Put(ch)
-		if a.err == nil {
-			return a, nil
 		}
 		return peerAnswer{}, errLinkLost
 	}
 	p.l.sent.Add(1)
-	sentAt := time.Now().UnixNano()
-	select {
-	case a := <-ch:
-		answerChans.Put(ch)
-		if a.err != nil {
-			return peerAnswer{}, errLinkLost
+	buf, b, err := readFrame(pc.br, uint32(p.l.c.r.cfg.MaxFrame)+1<<20, 2)
+	stopped := stop()
+	if err != nil {
+		p.drop(pc) // what comes next on it, if anything, is this answer
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// No answer peerLate after the deadline the owner keeps: the
+			// node is gone without a reset (a machine that lost power).
+			// Its other connections would wait as this one did: NATS
+			// carries its requests for a while.
+			p.suspect()
 		}
-		if a.moved {
-			putReadBuf(a.buf)
-			return peerAnswer{}, errMoved
+		if ctx.Err() != nil {
+			return peerAnswer{}, ctx.Err()
 		}
-		return a, nil
-	case <-ctx.Done():
-		pc.mu.Lock()
-		_, mine := pc.waiting[id]
-		delete(pc.waiting, id)
-		pc.mu.Unlock()
-		if !mine { // the answer (or the failure) is on its way: take it
-			a := <-ch
-			if a.buf != nil {
-				putReadBuf(a.buf)
-			}
-		}
-		answerChans.Put(ch)
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) && pc.lastRead.Load() < sentAt {
-			// Nothing came back on this connection while the request
-			// waited: the peer may be gone without a reset (a machine
-			// that lost power). The next request dials again, and goes by
-			// NATS if that fails, rather than wait here for TCP to notice.
-			pc.fail(errLinkLost)
-		}
-		return peerAnswer{}, ctx.Err()
+		return peerAnswer{}, errLinkLost
 	}
+	a, ok := parseAnswer(b)
+	if !ok {
+		putReadBuf(buf)
+		p.drop(pc)
+		return peerAnswer{}, errLinkLost
+	}
+	if stopped || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		p.put(pc) // (the AfterFunc leaves the deadline alone for an expired ctx)
+	} else {
+		p.drop(pc) // the AfterFunc ran or runs: its deadline may land on the next request
+	}
+	if a.moved {
+		putReadBuf(buf)
+		return peerAnswer{}, errMoved
+	}
+	a.buf = buf
+	return a, nil
 }
 
 var frameBufs sync.Pool
@@ -574,7 +589,7 @@ func (l *peerLink) accept() {
 			return // closed
 		}
 		l.mu.Lock()
-		if l.closed || len(l.inbound) >= peerMaxConns {
+		if l.closed || len(l.inbound) >= peerInbound {
 			l.mu.Unlock()
 			_ = nc.Close()
 			continue
@@ -594,7 +609,7 @@ func (l *peerLink) serverHandshake(nc net.Conn, br *bufio.Reader) error {
 	}
 	f := strings.Fields(line)
 	if len(f) != 3 || f[0] != peerProto {
-		return errors.New("not a lapd peer")
+		return errors.New("not a lapd peer (or another version of the link)")
 	}
 	if f[1] != l.info.Node {
 		return errors.New("the client asked for node " + strconv.Quote(f[1]))
@@ -614,15 +629,9 @@ func (l *peerLink) serverHandshake(nc net.Conn, br *bufio.Reader) error {
 	return err
 }
 
-// serverConn is an inbound connection: requests are read here and served
-// on the cluster's workers; their replies are written under wmu.
-type serverConn struct {
-	l   *peerLink
-	nc  net.Conn
-	wmu sync.Mutex
-	sem chan struct{} // requests in flight on this connection
-}
-
+// serveConn serves one inbound connection: each request is read, served
+// and answered on this goroutine, which outlives the request (its stack
+// stays grown for the next).
 func (l *peerLink) serveConn(nc net.Conn) {
 	defer l.c.r.wg.Done()
 	defer func() {
@@ -644,84 +653,78 @@ func (l *peerLink) serveConn(nc net.Conn) {
 		return
 	}
 	_ = nc.SetDeadline(time.Time{})
-	sc := &serverConn{l: l, nc: nc, sem: make(chan struct{}, peerMaxPending)}
 	max := uint32(l.c.r.cfg.MaxFrame) + 1<<20
-	var hdr [4]byte
+	pr := &peerReq{nc: nc}
 	for {
-		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		buf, b, err := readFrame(br, max, 4)
+		if err != nil {
 			return
 		}
-		n := binary.BigEndian.Uint32(hdr[:])
-		if n < 8 || n > max {
-			return
-		}
-		b := make([]byte, n)
-		if _, err := io.ReadFull(br, b); err != nil {
-			return
-		}
-		pr, ok := parseRequest(b)
+		ok := parseRequest(b, pr)
 		if !ok {
+			putReadBuf(buf)
 			return
 		}
-		pr.sc = sc
-		sc.sem <- struct{}{} // back-pressure: stop reading at peerMaxPending
 		l.mu.Lock()
-		if l.draining { // nothing done: the requester goes by NATS
-			l.mu.Unlock()
-			pr.write(0, nil, true, nil)
-			<-sc.sem
-			continue
+		draining := l.draining
+		if !draining {
+			l.inflight.Add(1)
 		}
-		l.inflight.Add(1)
 		l.mu.Unlock()
-		l.c.dispatch(job{p: pr})
+		if draining { // nothing done: the requester goes by NATS
+			pr.write(0, nil, true, nil)
+		} else {
+			l.c.handlePeer(pr)
+			l.inflight.Done()
+		}
+		putReadBuf(buf)
+		if pr.failed {
+			return
+		}
 	}
 }
 
-// peerReq is one request read from a serverConn.
+// peerReq is the request being served on a connection; its fields alias
+// the frame's buffer until it is answered.
 type peerReq struct {
-	sc    *serverConn
-	id    uint32
-	admit bool
-	op    string
-	tid   string
-	body  []byte
+	nc     net.Conn
+	admit  bool
+	op     string
+	tid    string
+	body   []byte
+	failed bool // the answer could not be written: the connection ends
 }
 
-func parseRequest(b []byte) (*peerReq, bool) {
-	pr := &peerReq{id: binary.BigEndian.Uint32(b), admit: b[4]&1 != 0}
-	ol := int(b[5])
-	b = b[6:]
+func parseRequest(b []byte, pr *peerReq) bool {
+	pr.admit = b[0]&1 != 0
+	ol := int(b[1])
+	b = b[2:]
 	if len(b) < ol+2 {
-		return nil, false
+		return false
 	}
 	pr.op, b = string(b[:ol]), b[ol:]
 	tl := int(binary.BigEndian.Uint16(b))
 	b = b[2:]
 	if len(b) < tl {
-		return nil, false
+		return false
 	}
 	pr.tid, pr.body = string(b[:tl]), b[tl:]
-	return pr, true
+	return true
 }
 
 // leads holds the first byte of a reply body ('0' ok, '1' error), written
 // from here so that a payload goes out from where it lies.
 var leads = [2]byte{'0', '1'}
 
-// answer writes pr's reply (see write), the request's end.
+// answer writes pr's reply: lead + body, or, when moved, no body.
 func (pr *peerReq) answer(lead byte, body []byte, moved bool, meta *replyMeta) {
 	pr.write(lead, body, moved, meta)
-	<-pr.sc.sem
-	pr.sc.l.inflight.Done()
 }
 
-// write writes a reply: lead + body, or, when moved, no body.
+// write writes a reply (one writev).
 func (pr *peerReq) write(lead byte, body []byte, moved bool, meta *replyMeta) {
-	sc := pr.sc
-	var hb [4 + 4 + 2 + 8 + 2]byte
+	var hb [4 + 2 + 8 + 2]byte
 	h := hb[:4]
-	h = binary.BigEndian.AppendUint32(h, pr.id)
 	kind := byte(0)
 	if moved {
 		kind = 1
@@ -749,11 +752,8 @@ func (pr *peerReq) write(lead byte, body []byte, moved bool, meta *replyMeta) {
 	}
 	binary.BigEndian.PutUint32(h, uint32(len(h)-4+len(health)+len(l)+len(body)))
 	bufs := net.Buffers{h, health, l, body}
-	sc.wmu.Lock()
-	_ = sc.nc.SetWriteDeadline(time.Now().Add(peerWrite))
-	_, err := bufs.WriteTo(sc.nc)
-	sc.wmu.Unlock()
-	if err != nil {
-		_ = sc.nc.Close() // the reader ends; the requester sees the link lost
+	_ = pr.nc.SetWriteDeadline(time.Now().Add(peerWrite))
+	if _, err := bufs.WriteTo(pr.nc); err != nil {
+		pr.failed = true
 	}
 }

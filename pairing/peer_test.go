@@ -2,7 +2,9 @@ package pairing
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -73,20 +75,54 @@ func TestPeerLinkLostInDoubt(t *testing.T) {
 	t.Parallel()
 	a, b, tb, tid := pairedPeers(t)
 	done := callVia(t, b, tid, "slow", 10*time.Second)
-	tb.expect("rpc") // the frame reached the tab
+	f := tb.expect("rpc") // the frame reached the tab
 	a.reg.cl.peer.mu.Lock()
 	for nc := range a.reg.cl.peer.inbound {
 		_ = nc.Close()
 	}
 	a.reg.cl.peer.mu.Unlock()
 	err := recv(t, done)
-	if !errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrPaused) {
-		t.Fatalf("call whose link was lost = %v, want in doubt (not paused: a retry could run it twice)", err)
+	if !errors.Is(err, ErrOutcomeUnknown) || !errors.Is(err, ErrPaused) {
+		t.Fatalf("call whose link was lost = %v, want paused and in doubt (the tab may have run it)", err)
 	}
+	// The tab answers late: A cannot deliver it (the connection is gone).
+	tb.send(map[string]any{"t": "rpc-reply", "id": f["id"], "result": json.RawMessage(`{}`)})
 	done = callVia(t, b, tid, "again", 0)
 	tb.answerNext(`{}`)
 	if err := recv(t, done); err != nil {
 		t.Fatalf("call after the link was lost = %v", err)
+	}
+	// An idle connection the owner closed meanwhile (a node that restarted
+	// its link) is not written on: the call takes a fresh one, not in doubt.
+	closeInbound(a)
+	sent := b.reg.Stats().Cluster.Direct
+	done = callVia(t, b, tid, "after-close", 0)
+	tb.answerNext(`{}`)
+	if err := recv(t, done); err != nil {
+		t.Fatalf("call after the owner closed the idle connection = %v", err)
+	}
+	if d := b.reg.Stats().Cluster.Direct - sent; d != 1 {
+		t.Fatalf("%d requests sent on the link for one call", d)
+	}
+}
+
+// closeInbound closes every connection e's link accepted, and waits until
+// their goroutines let go of them.
+func closeInbound(e *env) {
+	l := e.reg.cl.peer
+	l.mu.Lock()
+	for nc := range l.inbound {
+		_ = nc.Close()
+	}
+	l.mu.Unlock()
+	for {
+		l.mu.Lock()
+		n := len(l.inbound)
+		l.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -228,18 +264,94 @@ func TestPeerLinkShutdown(t *testing.T) {
 	}
 }
 
-// Frames from a peer are parsed without panicking, whatever their bytes.
+// Frames from a peer are parsed without panicking, whatever their bytes
+// (readFrame passes at least 4 bytes of a request, 2 of an answer).
 func FuzzPeerFrames(f *testing.F) {
-	f.Add([]byte{0, 0, 0, 1, 1, 4, 'c', 'a', 'l', 'l', 0, 1, 't', '{', '}'})
-	f.Add([]byte{0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 2, '{', '}', '0', '1'})
+	f.Add([]byte{1, 4, 'c', 'a', 'l', 'l', 0, 1, 't', '{', '}'})
+	f.Add([]byte{0, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 2, '{', '}', '0', '1'})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if len(b) >= 8 {
-			if pr, ok := parseRequest(b); ok && len(pr.op)+len(pr.tid)+len(pr.body) > len(b) {
+		if len(b) >= 4 {
+			var pr peerReq
+			if parseRequest(b, &pr) && len(pr.op)+len(pr.tid)+len(pr.body) > len(b) {
 				t.Fatal("request fields longer than the frame")
 			}
 		}
-		if len(b) >= 6 {
-			_, _, _ = parseAnswer(b)
+		if len(b) >= 2 {
+			if a, ok := parseAnswer(b); ok && len(a.body)+len(a.health) > len(b) {
+				t.Fatal("answer fields longer than the frame")
+			}
 		}
 	})
+}
+
+// A peer that takes requests and never answers (a machine gone without a
+// reset): the call ends in doubt after its deadline, and the node is not
+// used for a while: the next request goes by NATS and succeeds.
+func TestPeerLinkSilentPeer(t *testing.T) {
+	t.Parallel()
+	_, b, tb, tid := pairedPeers(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ghost := &peerLink{info: peerInfo{Node: "ghost"}, key: make([]byte, 32)}
+	ghost.key[0] = 7
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer nc.Close()
+				br := bufio.NewReader(nc)
+				if ghost.serverHandshake(nc, br) == nil {
+					_, _ = io.Copy(io.Discard, br) // takes requests, answers none
+				}
+			}()
+		}
+	}()
+	b.reg.cl.setPeer(tid, b.reg.cl.peer.learn(&peerInfo{Node: "ghost", Addr: ln.Addr().String(), Key: hex.EncodeToString(ghost.key)}), nil)
+	ctx, cancel := context.WithTimeout(ctxT(t), 200*time.Millisecond)
+	defer cancel()
+	if _, err := b.reg.Call(ctx, tid, "get_state", nil, 0); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("call to a silent peer = %v, want the deadline, in doubt", err)
+	}
+	done := callVia(t, b, tid, "get_state", 0)
+	tb.answerNext(`{}`)
+	if err := recv(t, done); err != nil {
+		t.Fatalf("the next call = %v", err)
+	}
+	if st := b.reg.Stats().Cluster; st.Fallbacks != 1 {
+		t.Fatalf("B's stats %+v, want the next call by NATS", st)
+	}
+}
+
+// What the owner keeps past a request on the link (a log entry, a frame
+// queued for the tab) is its own copy, not the connection's read buffer,
+// which the next requests reuse.
+func TestPeerLinkKeepsCopies(t *testing.T) {
+	t.Parallel()
+	a, b, tb, tid := pairedPeers(t)
+	if err := b.reg.AppendLog(tid, json.RawMessage(`{"id":"kept-1","kind":"narrate","text":"`+strings.Repeat("k", 300)+`"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // requests that reuse the pooled buffers
+		done := callVia(t, b, tid, "get_state", 0)
+		tb.answerNext(`{"s":"` + strings.Repeat("x", 2000) + `"}`)
+		if err := recv(t, done); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log := a.reg.RecentLog(tid, 10, "")
+	found := false
+	for _, e := range log {
+		if strings.Contains(string(e), `"kept-1"`) && strings.Contains(string(e), strings.Repeat("k", 300)) {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("the entry appended via B is not intact on A: %s", log)
+	}
 }
