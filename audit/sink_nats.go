@@ -122,7 +122,8 @@ func subjectToken(s string) string {
 // CheckPublish proves that this connection may append entries to the
 // stream, without storing one: it publishes to the stream's subjects with an
 // expectation JetStream refuses (another stream's name), so a JetStream
-// answer of any kind means the publish got through, and none means NATS
+// answer of any kind (or "no responders": the stream has no leader yet)
+// means the publish got through, and none means NATS
 // dropped it (a missing publish permission: the server only reports that
 // to the connection's error handler). Without this a node whose user may
 // not publish to "<prefix>.audit.>" starts and then loses every entry's
@@ -132,7 +133,11 @@ func (s *NATSSink) CheckPublish(ctx context.Context) error {
 	defer cancel()
 	_, err := s.js.Publish(ctx, s.prefix+".audit.probe._", nil, jetstream.WithExpectStream(StreamName(s.prefix)+"-probe"))
 	var apiErr *jetstream.APIError
-	if err == nil || errors.As(err, &apiErr) {
+	if err == nil || errors.As(err, &apiErr) ||
+		// No responders: NATS routed the publish and found no stream
+		// leader to answer it (a JetStream cluster electing one). A
+		// refused publish is dropped without any answer.
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 		return nil
 	}
 	return fmt.Errorf("audit: publishing to %s.audit.> got no answer from JetStream (%w): may this node's NATS user publish there?", s.prefix, err)

@@ -294,4 +294,12 @@ func TestNATSSinkCheckPublishStoresNothing(t *testing.T) {
 	if info.State.Msgs != 0 {
 		t.Fatalf("the probe stored %d messages in the stream", info.State.Msgs)
 	}
+	// A stream that does not answer (no leader yet, here: gone) is not a
+	// refused publish: NATS found no responder, so the publish got through.
+	if err := js.DeleteStream(t.Context(), audit.StreamName("probe")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckPublish(t.Context()); err != nil {
+		t.Fatalf("CheckPublish with no stream leader: %v", err)
+	}
 }
