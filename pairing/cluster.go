@@ -86,8 +86,8 @@ type cluster struct {
 	prefix string
 	node   string
 	in     chan *nats.Msg
-	work   chan job  // to an idle worker (unbuffered: taken only by one waiting)
-	peer   *peerLink // nil: every request goes by NATS
+	work   chan *nats.Msg // to an idle worker (unbuffered: taken only by one waiting)
+	peer   *peerLink      // nil: every request goes by NATS
 	tkSub  *nats.Subscription
 
 	mu     sync.Mutex
@@ -129,7 +129,7 @@ func newCluster(r *Registry, nc *nats.Conn, prefix, node, peerListen, peerAdvert
 	if node == "" {
 		node = newID()
 	}
-	c := &cluster{r: r, nc: nc, prefix: prefix, node: node, in: make(chan *nats.Msg, 4096), work: make(chan job),
+	c := &cluster{r: r, nc: nc, prefix: prefix, node: node, in: make(chan *nats.Msg, 4096), work: make(chan *nats.Msg),
 		subs: map[string]*nats.Subscription{}, remote: map[string]*remoteTab{}}
 	sub, err := nc.Subscribe(prefix+".takeover", c.onTakeover)
 	if err != nil {
@@ -304,12 +304,6 @@ func (c *cluster) onTakeover(m *nats.Msg) {
 	orphans.fail(ErrPaused)
 }
 
-// job is one request from another node: by NATS (m) or on the peer link (p).
-type job struct {
-	m *nats.Msg
-	p *peerReq
-}
-
 // serve runs the requests other nodes send to the tids held here, each on
 // a goroutine of its own while it runs (a call waits for the tab): an idle
 // worker's, or a new worker's when none is idle.
@@ -318,7 +312,12 @@ func (c *cluster) serve() {
 	for {
 		select {
 		case m := <-c.in:
-			c.dispatch(job{m: m})
+			select {
+			case c.work <- m:
+			default:
+				c.r.wg.Add(1)
+				go c.worker(m)
+			}
 		case <-c.r.stop:
 			// Requests that arrived meanwhile: the tab is going away.
 			for {
@@ -333,39 +332,23 @@ func (c *cluster) serve() {
 	}
 }
 
-// dispatch hands j to an idle worker, or to a new one. Called from a
-// goroutine the registry's wait group counts (serve, a peer connection's
-// reader), so the Add never races Shutdown's Wait at zero.
-func (c *cluster) dispatch(j job) {
-	select {
-	case c.work <- j:
-	default:
-		c.r.wg.Add(1)
-		go c.worker(j)
-	}
-}
-
 // workerIdle is how long a worker with nothing to do waits for the next
 // request before it exits.
 const workerIdle = 5 * time.Second
 
-// worker handles j, then the requests dispatch hands it while it is idle.
+// worker handles m, then the requests serve hands it while it is idle.
 // Workers outlive a request because a new goroutine's stack starts small
 // and grows by copying as a request goes deep (json, the tab's path), which
 // per request showed in the owner's CPU profile (lapbench nats-cross).
-func (c *cluster) worker(j job) {
+func (c *cluster) worker(m *nats.Msg) {
 	defer c.r.wg.Done()
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		if j.m != nil {
-			c.handleNATS(j.m)
-		} else {
-			c.handlePeer(j.p)
-		}
+		c.handleNATS(m)
 		idle.Reset(workerIdle)
 		select {
-		case j = <-c.work:
+		case m = <-c.work:
 		case <-idle.C:
 			return
 		case <-c.r.stop:
