@@ -26,7 +26,8 @@ import (
 // subscribes to "<prefix>.tab.<tid>.*" in the queue group "owner" (so a
 // request reaches exactly one holder, even while a takeover is under way),
 // and every Registry method that finds no live socket here forwards to the
-// owner by NATS request/reply:
+// owner: by NATS request/reply, or, once the owner's admit has named its
+// peer link (Config.PeerListen, peer.go), node to node on it:
 //
 //	admit   the gate's paired? + the owner's per-tid rate limit (Hooks.OnAdmit);
 //	        the reply carries the hello generation and the tab's health
