@@ -149,6 +149,7 @@ func newPeerLink(c *cluster, listen, advertise string) (*peerLink, error) {
 		_ = ln.Close()
 		return nil, fmt.Errorf("pairing: peer link: advertise address %q: %w", advertise, err)
 	}
+	c.r.cfg.Logger.Info("cluster peer link: other nodes send calls for tabs held here directly", "listen", ln.Addr().String(), "advertise", addr)
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	l := &peerLink{c: c, ln: ln, key: key, info: peerInfo{Node: c.node, Addr: addr, Key: hex.EncodeToString(key)},

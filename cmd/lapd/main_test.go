@@ -78,6 +78,7 @@ func TestServeFlagsRefuseBadInput(t *testing.T) {
 		{[]string{"--nats-replicas", "3"}, nil, "--nats-replicas needs --nats"},
 		{[]string{"--nats", "nats://127.0.0.1:4222", "--peer-listen", "7422"}, nil, `--peer-listen "7422": want host:port`},
 		{[]string{"--peer-advertise", "10.0.0.5:7422"}, nil, "--peer-advertise needs --nats"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--peer-listen", ":7422"}, nil, "listens on every interface: say which address the other nodes dial with --peer-advertise"},
 		{[]string{"--nats", "nats://127.0.0.1:4222", "--peer-listen", "off", "--peer-advertise", "10.0.0.5:7422"}, nil, "--peer-listen is off"},
 		{nil, map[string]string{"LAPD_NATS": "nats://127.0.0.1:4222", "LAPD_PEER_ADVERTISE": "host"}, `--peer-advertise "host": want host:port`},
 	} {

@@ -150,8 +150,12 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 		c.NATSReplicas = n
 	}
 	if c.PeerListen != "off" {
-		if _, _, err := net.SplitHostPort(c.PeerListen); err != nil {
+		host, _, err := net.SplitHostPort(c.PeerListen)
+		if err != nil {
 			return c, usageError{fmt.Sprintf("--peer-listen %q: want host:port, such as 127.0.0.1:0 or 10.0.0.5:7422, or off", c.PeerListen)}
+		}
+		if ip := net.ParseIP(host); (host == "" || ip != nil && ip.IsUnspecified()) && c.PeerAdvertise == "" && c.NATS != "" {
+			return c, usageError{fmt.Sprintf("--peer-listen %q listens on every interface: say which address the other nodes dial with --peer-advertise host:port", c.PeerListen)}
 		}
 	}
 	if c.PeerAdvertise != "" {
