@@ -120,7 +120,7 @@ func (o observeResp) writeTo(w http.ResponseWriter) {
 	buf.WriteString(`"description":`)
 	buf.Write(o.desc)
 	buf.WriteString(`,"health":`)
-	buf.Write(appendHealth(buf.AvailableBuffer(), o.health))
+	buf.Write(o.health.AppendJSON(buf.AvailableBuffer()))
 	buf.WriteByte('}')
 	hd := w.Header()
 	hd.Set("Content-Type", "application/json")
@@ -150,28 +150,6 @@ func routeObserve(c *call) (any, *apiError) {
 	}
 	c.audit = map[string]any{"tool": "observe"}
 	return observeResp{result: reply.Data, reply: reply, desc: c.s.descs.get(c.tid, h), health: c.s.cfg.Registry.Health(c.tid)}, nil
-}
-
-// appendHealth appends h as json.Marshal writes a pairing.Health (its field
-// order and omitempty; TestHealthAsEncodingJSON compares them).
-func appendHealth(b []byte, h pairing.Health) []byte {
-	b = append(b, `{"connected":`...)
-	b = strconv.AppendBool(b, h.Connected)
-	if h.Visible != nil {
-		b = append(b, `,"visible":`...)
-		b = strconv.AppendBool(b, *h.Visible)
-	}
-	if h.LastHeartbeat != 0 {
-		b = append(b, `,"lastHeartbeatAt":`...)
-		b = strconv.AppendInt(b, h.LastHeartbeat, 10)
-	}
-	if h.ConnectedAt != 0 {
-		b = append(b, `,"connectedAt":`...)
-		b = strconv.AppendInt(b, h.ConnectedAt, 10)
-	}
-	b = append(b, `,"reconnects":`...)
-	b = strconv.AppendInt(b, int64(h.Reconnects), 10)
-	return append(b, '}')
 }
 
 type pathBody struct {

@@ -823,7 +823,7 @@ func (c *cluster) call(ctx context.Context, tid, tool string, args any, timeout 
 	if err != nil {
 		return callResult{err: err}
 	}
-	b, _ := json.Marshal(callReq{Tool: tool, Args: a, TimeoutMs: timeout.Milliseconds(), WaitMs: waitMs(ctx), RID: audit.RequestID(ctx)})
+	b := appendCallReq(nil, &callReq{Tool: tool, Args: a, TimeoutMs: timeout.Milliseconds(), WaitMs: waitMs(ctx), RID: audit.RequestID(ctx)})
 	rctx, cancel := context.WithTimeout(ctx, timeout+clusterMargin)
 	defer cancel()
 	res, buf, err := c.requestLent(rctx, tid, "call", b)
@@ -843,7 +843,7 @@ func (c *cluster) call(ctx context.Context, tid, tool string, args any, timeout 
 }
 
 func (c *cluster) watch(ctx context.Context, tid, path string) (json.RawMessage, error) {
-	b, _ := json.Marshal(callReq{Path: path, WaitMs: waitMs(ctx)})
+	b := appendCallReq(nil, &callReq{Path: path, WaitMs: waitMs(ctx)})
 	rctx := ctx
 	if d, ok := ctx.Deadline(); ok {
 		var cancel context.CancelFunc
@@ -925,8 +925,8 @@ func (c *cluster) exec(op, tid string, admit bool, data []byte, ans func(b []byt
 	c.served.Add(1)
 	r := c.r
 	var req callReq
-	if len(data) > 0 {
-		if err := json.Unmarshal(data, &req); err != nil && op != "push" && op != "append" {
+	if len(data) > 0 && op != "push" && op != "append" { // those carry a frame, not a callReq
+		if err := decodeCallReq(data, &req); err != nil {
 			ans(nil, errors.New("bad request"), nil, false)
 			return
 		}
@@ -945,8 +945,7 @@ func (c *cluster) exec(op, tid string, admit bool, data []byte, ans func(b []byt
 			ans(b, err, nil, false)
 			return
 		}
-		hb, _ := json.Marshal(r.Health(tid))
-		ans(b, nil, &replyMeta{gen: r.helloGen(tid), health: hb}, false)
+		ans(b, nil, &replyMeta{gen: r.helloGen(tid), health: r.Health(tid).AppendJSON(nil)}, false)
 	}
 	if !r.holds(tid) && op != "unregister" {
 		ans(nil, ErrPaused, nil, true)

@@ -89,6 +89,7 @@ import (
 	"errors"
 	"log/slog"
 	mrand "math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,6 +224,30 @@ type Health struct {
 	LastHeartbeat int64 `json:"lastHeartbeatAt,omitempty"` // ms
 	ConnectedAt   int64 `json:"connectedAt,omitempty"`
 	Reconnects    int   `json:"reconnects"`
+}
+
+// AppendJSON appends h as json.Marshal writes it (its field order and
+// omitempty; TestHealthAsEncodingJSON compares them), without reflection:
+// /observe writes it on every call, and the tab's node with every answer to
+// a forwarded call that carried its admit.
+func (h Health) AppendJSON(b []byte) []byte {
+	b = append(b, `{"connected":`...)
+	b = strconv.AppendBool(b, h.Connected)
+	if h.Visible != nil {
+		b = append(b, `,"visible":`...)
+		b = strconv.AppendBool(b, *h.Visible)
+	}
+	if h.LastHeartbeat != 0 {
+		b = append(b, `,"lastHeartbeatAt":`...)
+		b = strconv.AppendInt(b, h.LastHeartbeat, 10)
+	}
+	if h.ConnectedAt != 0 {
+		b = append(b, `,"connectedAt":`...)
+		b = strconv.AppendInt(b, h.ConnectedAt, 10)
+	}
+	b = append(b, `,"reconnects":`...)
+	b = strconv.AppendInt(b, int64(h.Reconnects), 10)
+	return append(b, '}')
 }
 
 // Hooks let the composition root react to tab events. Each may be nil. They

@@ -2,6 +2,7 @@ package pairing
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -354,4 +356,62 @@ func TestPeerLinkKeepsCopies(t *testing.T) {
 	if !found {
 		t.Fatalf("the entry appended via B is not intact on A: %s", log)
 	}
+}
+
+// The hand-written codec of a forwarded request's body agrees with
+// encoding/json: decodeCallReq accepts, refuses and decodes what
+// json.Unmarshal does, and appendCallReq writes what decodes back to the
+// value (args compared as JSON: json.Marshal compacts and escapes them).
+func FuzzCallReq(f *testing.F) {
+	f.Add([]byte(`{"tool":"observe","args":{"aspects":["state"]},"timeoutMs":15000,"waitMs":14999,"rid":"r1"}`), "observe", "/a/b", int64(5))
+	f.Add([]byte(`{"path":"/todos","waitMs":3000}`), "x\"<y>", "", int64(-1))
+	f.Add([]byte(`{"Tool":"X","n":1.5}`), "", "é\u2028", int64(0))
+	f.Add([]byte(`{"probe":true,"n":-0,"kind":null}`), "t", "k", int64(1<<40))
+	f.Add([]byte(`{"args":null,"expect":"e","tool":"a","tool":"b"}`), "", "", int64(0))
+	f.Fuzz(func(t *testing.T, data []byte, s1, s2 string, n int64) {
+		var got, want callReq
+		gerr, werr := decodeCallReq(data, &got), json.Unmarshal(data, &want)
+		if (gerr == nil) != (werr == nil) {
+			t.Fatalf("decode %q: %v; json.Unmarshal: %v", data, gerr, werr)
+		}
+		if gerr == nil && !sameCallReq(got, want) {
+			t.Fatalf("decode %q = %+v; json.Unmarshal %+v", data, got, want)
+		}
+		in := callReq{Tool: s1, Path: s2, Kind: s1, RID: s2, Expect: s1, TimeoutMs: n, WaitMs: -n, N: int(int32(n)), Probe: n%2 == 0}
+		if json.Valid(data) {
+			in.Args = json.RawMessage(data)
+		}
+		// What json.Marshal writes, decoded, is what appendCallReq's output
+		// must decode to (invalid UTF-8 becomes U+FFFD in both).
+		enc := appendCallReq(nil, &in)
+		m, err := json.Marshal(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back, viaJSON callReq
+		if err := json.Unmarshal(m, &viaJSON); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(enc, &back); err != nil || !sameCallReq(back, viaJSON) {
+			t.Fatalf("appendCallReq(%+v) = %s: decodes to %+v, %v; json.Marshal's %s to %+v", in, enc, back, err, m, viaJSON)
+		}
+	})
+}
+
+func sameCallReq(a, b callReq) bool {
+	aa, ba := a.Args, b.Args
+	a.Args, b.Args = nil, nil
+	return reflect.DeepEqual(a, b) && sameAsJSON(aa, ba)
+}
+
+// sameAsJSON: both nil, or both the same JSON value.
+func sameAsJSON(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return len(a) == len(b)
+	}
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return bytes.Equal(a, b)
+	}
+	return reflect.DeepEqual(x, y)
 }
