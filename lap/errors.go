@@ -2,12 +2,15 @@ package lap
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
 	"strconv"
 	"sync"
+
+	"github.com/lapd-dev/lapd/tokens"
 )
 
 // Wire error codes (LAP v2 plus lapd's additions).
@@ -27,7 +30,20 @@ const (
 	CodeShuttingDown     = "shutting-down"
 	CodeForbiddenOrigin  = "forbidden-origin"
 	CodeConflict         = "conflict"
+	CodeUnavailable      = "unavailable" // lapd's: the token store did not answer (503, Retry-After)
 )
+
+// storeErr answers a token-store failure: 503 unavailable with Retry-After
+// when the store did not answer (tokens.Unavailable: in a cluster, NATS
+// electing a stream leader or unreachable) and the caller is still there,
+// else 500 internal with what.
+func storeErr(ctx context.Context, err error, what string) *apiError {
+	if tokens.Unavailable(err) && ctx.Err() == nil {
+		return &apiError{status: http.StatusServiceUnavailable, code: CodeUnavailable, retryAfter: 2000,
+			detail: "the session store did not answer (in a cluster: NATS is electing a leader or cannot be reached); retry in a few seconds"}
+	}
+	return errf(http.StatusInternalServerError, CodeInternal, what)
+}
 
 // apiError is an error response: status plus the envelope fields and headers.
 type apiError struct {

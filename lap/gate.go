@@ -151,7 +151,7 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 			return nil, errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled")
 		}
 		c.s.log.Error("verifying a bearer failed", "err", err, "rid", audit.RequestID(c.ctx))
-		return nil, errf(http.StatusInternalServerError, CodeInternal, "token store unavailable")
+		return nil, storeErr(c.ctx, err, "token store unavailable")
 	}
 	c.tid = rec.TID
 	// 3. re-read by tid

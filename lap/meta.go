@@ -177,7 +177,7 @@ func (s *Server) mint(m *metaCall) (any, *apiError) {
 		token, rec, err = s.cfg.Tokens.Mint(m.ctx, m.uid, m.page, "")
 	}
 	if err != nil {
-		return nil, errf(http.StatusInternalServerError, CodeInternal, "mint failed")
+		return nil, storeErr(m.ctx, err, "mint failed")
 	}
 	s.audit(m.ctx, rec.TID, m.uid, audit.EventMint, map[string]any{"origin": m.page, "tabSecret": b.Tab})
 	ws, lapURL := s.urls(m.origin)
@@ -224,7 +224,7 @@ func (s *Server) resumeList(m *metaCall) (any, *apiError) {
 	}
 	recs, err := s.cfg.Tokens.ResumeList(m.ctx, m.uid, tids)
 	if err != nil {
-		return nil, errf(http.StatusInternalServerError, CodeInternal, "resume list failed")
+		return nil, storeErr(m.ctx, err, "resume list failed")
 	}
 	return map[string]any{"sessions": sessionsOf(recs)}, nil
 }
@@ -269,7 +269,7 @@ func (s *Server) resumeClaim(m *metaCall) (any, *apiError) {
 			}
 			return nil, errf(http.StatusForbidden, CodeRevoked, detail)
 		}
-		return nil, errf(http.StatusInternalServerError, CodeInternal, "claim failed")
+		return nil, storeErr(m.ctx, err, "claim failed")
 	}
 	s.idem.drop(tid)
 	s.audit(m.ctx, tid, m.uid, audit.EventClaim, map[string]any{"origin": m.page})
@@ -294,7 +294,7 @@ func (s *Server) revoke(m *metaCall) (any, *apiError) {
 			// reads like success although nothing was revoked.)
 			return nil, errf(http.StatusNotFound, CodeNotFound, "no session "+quoteTID(tid)+" that you may revoke: nothing was revoked; pass the tid from the mint response (GET /agent/sessions lists yours), and for an anonymous session its tabSecret (or, minted without one, its token)")
 		}
-		return nil, errf(http.StatusInternalServerError, CodeInternal, "revoke failed")
+		return nil, storeErr(m.ctx, err, "revoke failed")
 	}
 	return map[string]string{"status": "revoked"}, nil
 }
@@ -340,7 +340,7 @@ func (s *Server) sessions(m *metaCall) (any, *apiError) {
 	}
 	recs, err := s.cfg.Tokens.Sessions(m.ctx, m.uid)
 	if err != nil {
-		return nil, errf(http.StatusInternalServerError, CodeInternal, "sessions failed")
+		return nil, storeErr(m.ctx, err, "sessions failed")
 	}
 	return map[string]any{"sessions": sessionsOf(recs)}, nil
 }

@@ -105,6 +105,8 @@ func fromLAP(err error, base string) *toolError {
 		}
 	case "rate-limited":
 		e.Hint = fmt.Sprintf("too many calls; wait %d s before the next one.", seconds(le.RetryAfter))
+	case lap.CodeUnavailable:
+		e.Hint = fmt.Sprintf("lapd's session store did not answer (a cluster electing a leader, or NATS unreachable); retry in %d s.", seconds(le.RetryAfter))
 	case "timeout":
 		e.Hint = "the app did not answer in time; call observe to see the current state before trying again."
 	case "schema-error", "invalid":

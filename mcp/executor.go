@@ -505,6 +505,8 @@ func retryable(le *lap.Error) (time.Duration, string, bool) {
 		return w, "the app tab is reconnecting", true
 	case le.Code == "rate-limited" && le.RetryAfter > 0:
 		return le.RetryAfter, "rate limited by lapd", true
+	case le.Code == lap.CodeUnavailable && le.RetryAfter > 0:
+		return le.RetryAfter, "lapd's session store did not answer", true
 	}
 	return 0, "", false
 }

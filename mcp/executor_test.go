@@ -134,6 +134,7 @@ func TestErrors(t *testing.T) {
 		{"paused-expired", &lap.Error{Status: 503, Code: "paused", Reconnect: "expired"}, "paused", "expired"},
 		{"paused-too-long", &lap.Error{Status: 503, Code: "paused", Reconnect: "pending", RetryAfter: time.Minute}, "paused", "retry in 60 s"},
 		{"rate-too-long", &lap.Error{Status: 429, Code: "rate-limited", RetryAfter: time.Minute}, "rate-limited", "wait 60 s"},
+		{"unavailable-too-long", &lap.Error{Status: 503, Code: lap.CodeUnavailable, RetryAfter: time.Minute}, lap.CodeUnavailable, "retry in 60 s"},
 		{"timeout", &lap.Error{Status: 504, Code: "timeout"}, "timeout", "observe"},
 		{"outcome-unknown", &lap.Error{Status: 409, Code: "outcome-unknown"}, "outcome-unknown", "call observe to see whether it took effect"},
 		{"conflict", &lap.Error{Status: 409, Code: "conflict"}, "conflict", "answer it in the app"},
@@ -247,6 +248,26 @@ func TestRateLimitedWaits(t *testing.T) {
 		t.Fatal(out.Text)
 	}
 	if w := h.after.got(); len(w) != 1 || w[0] != 1500*time.Millisecond {
+		t.Fatalf("waits %v", w)
+	}
+}
+
+// A token store that did not answer (a cluster electing a leader) is
+// waited out like a rate limit: retried after Retry-After.
+func TestUnavailableWaits(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	h.connect(tokA)
+	h.lap.on("/actions", func(n int, c fakeCall) (any, error) {
+		if n == 1 {
+			return nil, &lap.Error{Status: 503, Code: lap.CodeUnavailable, RetryAfter: 2 * time.Second}
+		}
+		return map[string]any{"actions": []any{}}, nil
+	})
+	if out := h.call("list_actions", nil); out.IsError {
+		t.Fatal(out.Text)
+	}
+	if w := h.after.got(); len(w) != 1 || w[0] != 2*time.Second {
 		t.Fatalf("waits %v", w)
 	}
 }
