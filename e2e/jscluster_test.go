@@ -138,6 +138,11 @@ func TestClusterJetStreamReplicas(t *testing.T) {
 			refused = err
 			t.Logf("a mint during the election: %v", err)
 		}
+		// A refusal while there is no leader says "retry" (503
+		// unavailable, Retry-After), not "lapd failed" (500).
+		if err != nil && !strings.Contains(err.Error(), "status 503") {
+			t.Errorf("a mint during the election: %v, want 503 unavailable", err)
+		}
 		return err == nil
 	})
 	elected := time.Now()
