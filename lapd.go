@@ -424,6 +424,14 @@ func halfOf(ctx context.Context) (context.Context, context.CancelFunc) {
 // closeAll closes what New opened, last first, then audit, then the database.
 func (s *Server) closeAll() error {
 	var errs []error
+	if s.ownNC && s.nc != nil && !s.nc.IsConnected() {
+		// NATS is unreachable: closing the connection first makes every
+		// NATS-bound close below (the KV watches, the audit stream's
+		// pending acknowledgements) give up at once instead of each waiting
+		// for its own timeout, which went past --shutdown-timeout.
+		s.log.Warn("shutdown: NATS is not connected; not waiting for it")
+		s.nc.Close()
+	}
 	for i := len(s.closers) - 1; i >= 0; i-- {
 		if err := s.closers[i].Close(); err != nil {
 			errs = append(errs, err)

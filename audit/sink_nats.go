@@ -167,10 +167,15 @@ func (s *NATSSink) Write(ctx context.Context, e Entry) error {
 // Failed reports how many entries JetStream refused since the sink opened.
 func (s *NATSSink) Failed() int64 { return s.failed.Load() }
 
-// Close waits (at most 10 s) for the outstanding publishes.
+// Close waits (at most 10 s) for the outstanding publishes; not at all when
+// the connection to NATS is down (they cannot be acknowledged before it is
+// back, and the node's other sinks have every entry).
 func (s *NATSSink) Close() error {
 	if s.closed.Swap(true) {
 		return nil
+	}
+	if n := s.js.PublishAsyncPending(); n > 0 && !s.js.Conn().IsConnected() {
+		return fmt.Errorf("audit: %d entries not acknowledged by JetStream at close (NATS not connected)", n)
 	}
 	select {
 	case <-s.js.PublishAsyncComplete():

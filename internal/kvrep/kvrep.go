@@ -129,6 +129,7 @@ type Replica[T any] struct {
 	tomb  map[string]uint64 // deleted keys → the delete's revision, until the watch passes it
 	index map[string]string // Config.Index(value) → key
 	done  chan struct{}
+	stop  context.CancelFunc // the watcher's context
 	wg    sync.WaitGroup
 }
 
@@ -145,11 +146,13 @@ func Open[T any](ctx context.Context, cfg Config[T]) (*Replica[T], error) {
 	}
 	r := &Replica[T]{cfg: cfg, KV: kv, items: map[string]Item[T]{}, tomb: map[string]uint64{}, index: map[string]string{}, done: make(chan struct{})}
 	// The watcher's own context outlives Open's: it runs until Close.
-	w, err := kv.Watch(context.Background(), cfg.Prefix+">")
+	wctx, stop := context.WithCancel(context.Background())
+	w, err := kv.Watch(wctx, cfg.Prefix+">")
 	if err != nil {
+		stop()
 		return nil, fmt.Errorf("kvrep: watch %s: %w", cfg.Bucket, err)
 	}
-	r.w = w
+	r.w, r.stop = w, stop
 	loaded := make(chan struct{})
 	r.wg.Add(2)
 	go r.watch(loaded)
@@ -395,7 +398,15 @@ func (r *Replica[T]) Close() {
 	default:
 	}
 	close(r.done)
-	_ = r.w.Stop()
+	if r.cfg.Conn.IsConnected() {
+		_ = r.w.Stop()
+	}
+	// Disconnected, Stop would wait for a JetStream request (deleting the
+	// watch's consumer) to time out, 5 s, and Close runs on shutdown:
+	// cancelling the watch's context makes nats.go unsubscribe on its own
+	// goroutine (at once on a closed connection; the server drops the
+	// ephemeral consumer by itself).
+	r.stop()
 	r.wg.Wait()
 }
 
