@@ -140,7 +140,13 @@ func (s *Server) openCluster(cfg Config) error {
 			nats.Name("lapd " + cfg.NodeID),
 			nats.MaxReconnects(-1), // a NATS restart is waited out, not fatal
 			nats.ReconnectWait(250 * time.Millisecond),
-			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			nats.ErrorHandler(func(nc *nats.Conn, _ *nats.Subscription, err error) {
+				if errors.Is(err, nats.ErrConsumerNotActive) && !nc.IsConnected() {
+					// The buckets' watches miss their heartbeats while NATS is
+					// away: twice every 10 s, and the disconnect was logged.
+					s.log.Debug("nats: asynchronous error", "err", err)
+					return
+				}
 				s.log.Warn("nats: asynchronous error", "err", err)
 			}),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
