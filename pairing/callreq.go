@@ -20,16 +20,19 @@ import (
 func appendCallReq(b []byte, req *callReq) []byte {
 	b = append(b, '{')
 	n := len(b)
-	str := func(key, v string) {
-		if v == "" {
-			return
-		}
+	key := func(name string) {
 		if len(b) > n {
 			b = append(b, ',')
 		}
 		b = append(b, '"')
-		b = append(b, key...)
+		b = append(b, name...)
 		b = append(b, `":`...)
+	}
+	str := func(name, v string) {
+		if v == "" {
+			return
+		}
+		key(name)
 		if plainString(v) {
 			b = append(b, '"')
 			b = append(b, v...)
@@ -39,27 +42,18 @@ func appendCallReq(b []byte, req *callReq) []byte {
 			b = append(b, q...)
 		}
 	}
-	num := func(key string, v int64) {
-		if v == 0 {
-			return
+	num := func(name string, v int64) {
+		if v != 0 {
+			key(name)
+			b = strconv.AppendInt(b, v, 10)
 		}
-		if len(b) > n {
-			b = append(b, ',')
-		}
-		b = append(b, '"')
-		b = append(b, key...)
-		b = append(b, `":`...)
-		b = strconv.AppendInt(b, v, 10)
 	}
 	str("tool", req.Tool)
 	if len(req.Args) > 0 {
-		if len(b) > n {
-			b = append(b, ',')
-		}
-		b = append(b, `"args":`...)
-		if json.Valid(req.Args) {
+		key("args")
+		if jsonscan.Valid(req.Args) {
 			b = append(b, req.Args...)
-		} else { // what json.Marshal does with an invalid RawMessage: fail; here, null
+		} else { // json.Marshal fails on an invalid RawMessage; here, null
 			b = append(b, "null"...)
 		}
 	}
@@ -69,10 +63,8 @@ func appendCallReq(b []byte, req *callReq) []byte {
 	num("n", int64(req.N))
 	str("kind", req.Kind)
 	if req.Probe {
-		if len(b) > n {
-			b = append(b, ',')
-		}
-		b = append(b, `"probe":true`...)
+		key("probe")
+		b = append(b, "true"...)
 	}
 	str("rid", req.RID)
 	str("expect", req.Expect)
