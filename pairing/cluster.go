@@ -70,6 +70,32 @@ import (
 // ErrPaused (the caller's retry reaches the new owner) and leaves the token
 // record alone. A node that loses a socket marks the token pending-resume
 // only when no other node holds the tab by then.
+//
+// # Who owns a tid: the newest connect wins
+//
+// A takeover is a message, and a node cut off from NATS does not hear it:
+// its socket stays open, and when its connection comes back nats.go
+// subscribes it to the tid's subjects again, beside the new owner. So every
+// takeover says which socket is newer. A socket is accepted only after its
+// Connected write to the token record succeeded, a compare-and-set on the
+// record's key; the KV revision of that write (tokens.Record.Rev, kept as
+// conn.rev) is unique and grows with every later write of the record, by
+// any node. The takeover carries it (header Lapd-Rev), and a node holding
+// tid with a socket:
+//
+//   - from a higher revision (or an unknown one: a takeover without the
+//     header, from an older lapd) lets go of its socket (4002), as before;
+//   - from a lower revision keeps its socket and publishes its own
+//     takeover again, so the sender lets go.
+//
+// And after every reconnect (nats.go's CONNECTED status) a node publishes a
+// takeover for each socket it holds, with its revision. Whatever the order
+// in which the two nodes come back, or if both do at once, the one with the
+// older revision hears the newer one and lets go: exactly one holder is
+// left, the newest. A node cut off from NATS cannot accept a socket
+// meanwhile (Connected needs the bucket), so it never holds a socket newer
+// than the revisions the others know about. It costs one small publish per
+// held tab per reconnect, and one map lookup per takeover on each node.
 
 // clusterMargin is what a forwarded call may take beyond its own timeout
 // (the NATS hop both ways, the owner's scheduling).
@@ -90,12 +116,15 @@ type cluster struct {
 	work   chan *nats.Msg // to an idle worker (unbuffered: taken only by one waiting)
 	peer   *peerLink      // nil: every request goes by NATS
 	tkSub  *nats.Subscription
+	status chan nats.Status // CONNECTED after a reconnect: re-announce (see reassert)
 
 	mu     sync.Mutex
 	subs   map[string]*nats.Subscription // tids held here
 	remote map[string]*remoteTab         // tids held elsewhere (cache)
 
 	forwarded, noResponders, failures, served atomic.Int64
+	reasserts                                 atomic.Int64 // takeovers re-published after a reconnect
+	staleTakeovers                            atomic.Int64 // takeovers refused: the socket here was newer
 }
 
 type remoteTab struct {
@@ -117,6 +146,10 @@ type ClusterStats struct {
 	Failures     int64 // … that failed otherwise (timeout, NATS errors)
 	Served       int64 // requests from other nodes served here
 	Owned        int   // tids whose socket is here, subscribed
+	// Takeovers published again after a reconnect to NATS (one per socket
+	// held then), and takeovers this node refused because its socket for
+	// the tid was the newer one (it announced that socket again).
+	Reannounced, TakeoversRefused int64
 	// The peer link (peer.go), when on.
 	Direct      int64 // of Forwarded, sent on the peer link
 	Fallbacks   int64 // requests meant for the link that went by NATS (no link, or the tab had moved)
@@ -149,9 +182,72 @@ func newCluster(r *Registry, nc *nats.Conn, prefix, node, peerListen, peerAdvert
 		}
 		c.peer = l
 	}
-	r.wg.Add(1)
+	c.status = nc.StatusChanged(nats.CONNECTED)
+	r.wg.Add(2)
 	go c.serve()
+	go c.watchReconnects()
 	return c, nil
+}
+
+// hdrRev is the takeover's header: the revision of the socket's Connected
+// write (see "Who owns a tid").
+const hdrRev = "Lapd-Rev"
+
+// announce publishes a takeover of tid by this node's socket of revision
+// rev (0: unknown, sent without the header).
+func (c *cluster) announce(tid string, rev uint64) {
+	m := &nats.Msg{Subject: c.prefix + ".takeover", Data: []byte(c.node + " " + tid)}
+	if rev != 0 {
+		m.Header = nats.Header{hdrRev: []string{strconv.FormatUint(rev, 10)}}
+	}
+	_ = c.nc.PublishMsg(m)
+}
+
+// watchReconnects re-announces the tabs held here after every reconnect.
+func (c *cluster) watchReconnects() {
+	defer c.r.wg.Done()
+	for {
+		select {
+		case _, ok := <-c.status:
+			if !ok {
+				return
+			}
+			c.reassert()
+		case <-c.r.stop:
+			return
+		}
+	}
+}
+
+// reassert publishes a takeover for every socket held here, with its
+// revision: a node that took one of these tids over while this one was
+// cut off from NATS answers with its own (newer) takeover, and this node
+// lets go (onTakeover); a node holding an older socket for one lets go of
+// it. Sockets of revision 0 (a token store without revisions) are not
+// announced: nothing would order them.
+func (c *cluster) reassert() {
+	type held struct {
+		tid string
+		rev uint64
+	}
+	var hs []held
+	r := c.r
+	r.mu.Lock()
+	for tid, s := range r.sessions {
+		s.mu.Lock()
+		if cur := s.cur; cur != nil && cur.rev != 0 {
+			hs = append(hs, held{tid, cur.rev})
+		}
+		s.mu.Unlock()
+	}
+	r.mu.Unlock()
+	for _, h := range hs {
+		c.announce(h.tid, h.rev)
+	}
+	if len(hs) > 0 {
+		c.reasserts.Add(int64(len(hs)))
+		r.cfg.Logger.Info("pairing: cluster: reconnected to NATS; re-announced the tabs held here", "tabs", len(hs))
+	}
 }
 
 // check proves, before the node serves, that its NATS user may do what a
@@ -197,9 +293,9 @@ func (c *cluster) subject(tid, op string) string {
 	return c.prefix + ".tab." + kvrep.Key(tid) + "." + op
 }
 
-// own subscribes to tid's subjects (a socket for tid is now here) and tells
-// the other nodes to let go of it.
-func (c *cluster) own(tid string) {
+// own subscribes to tid's subjects (a socket for tid of revision rev is
+// now here) and tells the other nodes to let go of it.
+func (c *cluster) own(tid string, rev uint64) {
 	c.mu.Lock()
 	delete(c.remote, tid)
 	if _, ok := c.subs[tid]; !ok {
@@ -212,7 +308,7 @@ func (c *cluster) own(tid string) {
 		c.subs[tid] = sub
 	}
 	c.mu.Unlock()
-	_ = c.nc.Publish(c.prefix+".takeover", []byte(c.node+" "+tid))
+	c.announce(tid, rev)
 	// One round trip: the server has the subscription before the tab gets
 	// its hello-ack, so a call made on another node right after pairing
 	// finds it.
@@ -262,12 +358,15 @@ func (c *cluster) orphaned(ctx context.Context, token string) {
 }
 
 // onTakeover: another node now holds tid's socket. A live socket here is
-// closed with 4002; the token record is the new owner's.
+// closed with 4002, unless it is the newer one (see "Who owns a tid"): then
+// this node announces it again, and the sender lets go. The token record
+// is the new owner's.
 func (c *cluster) onTakeover(m *nats.Msg) {
 	node, tid, ok := strings.Cut(string(m.Data), " ")
 	if !ok || node == c.node {
 		return
 	}
+	rev, _ := strconv.ParseUint(m.Header.Get(hdrRev), 10, 64) // 0: unknown
 	c.mu.Lock()
 	delete(c.remote, tid)
 	c.mu.Unlock()
@@ -280,6 +379,18 @@ func (c *cluster) onTakeover(m *nats.Msg) {
 	}
 	s.mu.Lock()
 	old := s.cur
+	if old != nil && rev != 0 && old.rev >= rev {
+		// The sender's socket is older (it was cut off from NATS when
+		// this one connected) or the same write: this one stays.
+		keep := old.rev
+		s.mu.Unlock()
+		r.mu.Unlock()
+		if keep > rev {
+			c.staleTakeovers.Add(1)
+			c.announce(tid, keep)
+		}
+		return
+	}
 	var orphans pending
 	if old != nil {
 		s.cur = nil
@@ -360,6 +471,7 @@ func (c *cluster) worker(m *nats.Msg) {
 
 // close unsubscribes everything (Shutdown).
 func (c *cluster) close() {
+	c.nc.RemoveStatusListener(c.status)
 	_ = c.tkSub.Unsubscribe()
 	c.mu.Lock()
 	subs := c.subs
@@ -1022,7 +1134,8 @@ func (c *cluster) stats() ClusterStats {
 	owned := len(c.subs)
 	c.mu.Unlock()
 	st := ClusterStats{Forwarded: c.forwarded.Load(), NoResponders: c.noResponders.Load(),
-		Failures: c.failures.Load(), Served: c.served.Load(), Owned: owned}
+		Failures: c.failures.Load(), Served: c.served.Load(), Owned: owned,
+		Reannounced: c.reasserts.Load(), TakeoversRefused: c.staleTakeovers.Load()}
 	if l := c.peer; l != nil {
 		st.Direct, st.Fallbacks, st.PeerRefused = l.sent.Load(), l.fallback.Load(), l.refusals.Load()
 	}

@@ -44,6 +44,10 @@ type conn struct {
 	// not, and it superseded a live socket; its confirm-resolved frames are
 	// refused.
 	tab, noApprove bool
+	// rev orders this socket against another node's socket for the same
+	// tid (cluster.go, "Who owns a tid"): the token store's revision of
+	// the write that connected it (0: the store keeps none).
+	rev uint64
 
 	mu       sync.Mutex
 	q        [][]byte
@@ -420,7 +424,7 @@ func (r *Registry) connect(s *session, c *conn, tokenHash, tabSecret string) (re
 	if s.pending == 0 {
 		s.disconnectDue = false
 	}
-	_, repair, err = r.cfg.Tokens.Connected(context.Background(), s.tid, tokenHash, tabSecret)
+	rec, repair, err := r.cfg.Tokens.Connected(context.Background(), s.tid, tokenHash, tabSecret)
 	if err != nil {
 		if due && s.socket() == nil {
 			r.markDisconnected(s.tid)
@@ -431,6 +435,7 @@ func (r *Registry) connect(s *session, c *conn, tokenHash, tabSecret string) (re
 		}
 		return false, nil, code, err
 	}
+	c.rev = rec.Rev
 	old, ok := r.register(s, c)
 	if !ok { // Shutdown began meanwhile
 		r.markDisconnected(s.tid)
@@ -483,7 +488,7 @@ func (r *Registry) register(s *session, c *conn) (*conn, bool) {
 	}
 	r.mu.Unlock()
 	if r.cl != nil {
-		r.cl.own(s.tid)
+		r.cl.own(s.tid, c.rev)
 	}
 	if old != nil {
 		old.mu.Lock()

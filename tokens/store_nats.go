@@ -224,11 +224,12 @@ func (s *NATSStore) Update(ctx context.Context, tid string, fn func(*Record) err
 		}
 		n := toNATS(next, it.V.Seq)
 		b, _ := json.Marshal(n)
-		_, err := s.rep.Update(ctx, key, b, n, it.Rev)
+		rev, err := s.rep.Update(ctx, key, b, n, it.Rev)
 		if err == nil {
 			if rotate {
 				_ = s.rep.Delete(context.WithoutCancel(ctx), hashKey(cur.TokenHash), 0)
 			}
+			next.Rev = rev
 			return next, nil
 		}
 		if rotate {

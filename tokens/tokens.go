@@ -88,6 +88,12 @@ type Record struct {
 	// (see MintTab); "" for a session minted without one, whose agent
 	// token is then also the tab's credential (the reference's model).
 	TabHash string `json:"-"`
+	// Rev is the store's revision of the write that Update (and so
+	// Manager.Connected) returns this record from, in a store that keeps
+	// revisions (NATSStore: the KV revision; every later write of the
+	// record, by any node, has a higher one); 0 otherwise, and from Get.
+	// A cluster orders two nodes' sockets for one tid by it (pairing).
+	Rev uint64 `json:"-"`
 }
 
 // Errors returned by Store and Manager. Match with errors.Is.

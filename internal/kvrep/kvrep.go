@@ -12,6 +12,13 @@
 // watch delay, is a key the replica already holds; Update's compare-and-set
 // catches it (ErrConflict, then the caller re-reads with Refresh).
 //
+// While the connection to NATS is down (reconnecting), a write or a read
+// from the bucket fails at once with nats.ErrDisconnected instead of
+// waiting for JetStream's request timeout (5 s): nats.go would buffer the
+// request and time out, and a node cut off from NATS made every LAP call
+// wait those 5 s for its best-effort LastSeenAt touch. Reads from memory go
+// on.
+//
 // Deletes leave markers in the bucket's stream; a janitor purges markers
 // older than an hour, once an hour.
 package kvrep
@@ -268,6 +275,17 @@ func (r *Replica[T]) janitor() {
 	}
 }
 
+// down returns nats.ErrDisconnected while the connection is reconnecting
+// (see the package doc): a request to the bucket now would only wait for
+// its timeout.
+func (r *Replica[T]) down() error {
+	switch r.cfg.Conn.Status() {
+	case nats.RECONNECTING, nats.DISCONNECTED:
+		return nats.ErrDisconnected
+	}
+	return nil
+}
+
 // Get returns key's value from memory.
 func (r *Replica[T]) Get(key string) (Item[T], bool) {
 	r.mu.RLock()
@@ -287,6 +305,9 @@ func (r *Replica[T]) Fetch(ctx context.Context, key string) (Item[T], bool, erro
 
 // Refresh reads key from the bucket (and updates the replica with it).
 func (r *Replica[T]) Refresh(ctx context.Context, key string) (Item[T], bool, error) {
+	if err := r.down(); err != nil {
+		return Item[T]{}, false, err
+	}
 	e, err := r.KV.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 		return Item[T]{}, false, nil
@@ -332,6 +353,9 @@ func (r *Replica[T]) local(key string, v T, rev uint64, deleted bool) {
 
 // Create writes key if it does not exist (ErrExists otherwise).
 func (r *Replica[T]) Create(ctx context.Context, key string, b []byte, v T) (uint64, error) {
+	if err := r.down(); err != nil {
+		return 0, err
+	}
 	rev, err := r.KV.Create(ctx, key, b)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return 0, ErrExists
@@ -345,6 +369,9 @@ func (r *Replica[T]) Create(ctx context.Context, key string, b []byte, v T) (uin
 
 // Update writes key if it is still at rev (ErrConflict otherwise).
 func (r *Replica[T]) Update(ctx context.Context, key string, b []byte, v T, rev uint64) (uint64, error) {
+	if err := r.down(); err != nil {
+		return 0, err
+	}
 	nrev, err := r.KV.Update(ctx, key, b, rev)
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
 		return 0, ErrConflict
@@ -358,6 +385,9 @@ func (r *Replica[T]) Update(ctx context.Context, key string, b []byte, v T, rev 
 
 // Put writes key whatever it holds.
 func (r *Replica[T]) Put(ctx context.Context, key string, b []byte, v T) (uint64, error) {
+	if err := r.down(); err != nil {
+		return 0, err
+	}
 	rev, err := r.KV.Put(ctx, key, b)
 	if err != nil {
 		return 0, err
@@ -369,6 +399,9 @@ func (r *Replica[T]) Put(ctx context.Context, key string, b []byte, v T) (uint64
 // Delete deletes key; with rev > 0 only if it is still at rev (ErrConflict
 // otherwise). Deleting a missing key is not an error.
 func (r *Replica[T]) Delete(ctx context.Context, key string, rev uint64) error {
+	if err := r.down(); err != nil {
+		return err
+	}
 	var opts []jetstream.KVDeleteOpt
 	if rev > 0 {
 		opts = append(opts, jetstream.LastRevision(rev))
