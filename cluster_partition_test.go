@@ -5,16 +5,18 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/lapd-dev/lapd"
 	"github.com/lapd-dev/lapd/internal/natstest"
 	"github.com/lapd-dev/lapd/lapdtest"
+	"github.com/lapd-dev/lapd/pairing"
 )
 
 // natsProxy stands between one node and the NATS server, so that node alone
@@ -137,65 +139,252 @@ func ready(t *testing.T, s *lapdtest.Server) bool {
 	return res.StatusCode == 200
 }
 
-func TestClusterPartitionExplore(t *testing.T) {
-	ns, ps := partitionNodes(t, 2)
-	a, b := ns[0], ns[1]
+// stats is n's forwarder counters.
+func stats(n *lapdtest.Server) pairing.ClusterStats { return n.Lapd.Stats().Pairing.Cluster }
+
+// A node cut off from NATS for a while, with no takeover meanwhile: it goes
+// on serving its own tab from its replica, a node that knows its peer link
+// still reaches the tab, one that does not gets 503 paused with nothing
+// sent; writes to the buckets fail at once (503 unavailable), not after
+// JetStream's 5 s; after the heal everything works again by itself, and
+// every call reached the tab exactly once.
+func TestClusterPartitionHeals(t *testing.T) {
+	t.Parallel()
+	ns, ps := partitionNodes(t, 3)
+	a, b, c := ns[0], ns[1], ns[2]
 	ctx := ctxT(t)
-	app := lapdtest.DemoApp()
-	tab, sess, err := a.Pair(ctx, lapdtest.WithApp(app))
+	tab, sess, err := a.Pair(ctx, lapdtest.WithApp(lapdtest.DemoApp()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tab.Close()
-	for _, s := range ns {
-		st, _, body := post(t, s.LAPURL()+"/observe", sess.Token, `{}`)
-		t.Logf("before: observe on %s = %d %v", s.URL, st, body["error"])
+	if st, _, body := post(t, b.LAPURL()+"/observe", sess.Token, `{}`); st != 200 {
+		t.Fatalf("observe via B = %d %v", st, body) // B learns A's peer link
 	}
+
 	ps[0].cut()
-	waitUntil(t, "A to see NATS gone", func() bool { return !ready(t, a) })
-	for i, s := range ns {
-		t0 := time.Now()
-		if i == 0 {
-			go func() { time.Sleep(2 * time.Second); pprof.Lookup("goroutine").WriteTo(os.Stderr, 1) }()
-		}
-		st, _, body := post(t, s.LAPURL()+"/observe", sess.Token, `{}`)
-		t.Logf("cut: observe on %d = %d %v %v", i, st, body["error"], time.Since(t0))
-		t0 = time.Now()
-		st, _, body = post(t, s.LAPURL()+"/message", sess.Token, fmt.Sprintf(`{"msg":{"type":"inc"},"idempotencyKey":"k%d"}`, i))
-		t.Logf("cut: message on %d = %d %v %v %v", i, st, body["status"], body["error"], time.Since(t0))
+	waitUntil(t, "A's /readyz to say not ready", func() bool { return !ready(t, a) })
+	msg := func(n *lapdtest.Server, key string) (int, map[string]any) {
+		st, _, body := post(t, n.LAPURL()+"/message", sess.Token, `{"msg":{"type":"inc"},"idempotencyKey":"`+key+`"}`)
+		return st, body
 	}
-	t.Logf("send_message rpcs: %d", tab.RPCCount("send_message"))
-	// takeover on B
-	t0 := time.Now()
-	tab2, err := lapdtest.Dial(ctx, b.WSURL(), sess.Token, lapdtest.WithTabSecret(sess.TabSecret), lapdtest.WithApp(app))
-	t.Logf("dial B during cut: %v %v", err, time.Since(t0))
-	if err == nil {
-		defer tab2.Close()
-		for i, s := range ns {
-			st, _, body := post(t, s.LAPURL()+"/message", sess.Token, fmt.Sprintf(`{"msg":{"type":"inc"},"idempotencyKey":"t%d"}`, i))
-			t.Logf("cut+takeover: message on %d = %d %v %v", i, st, body["status"], body["error"])
-		}
-		t.Logf("tab1 %d, tab2 %d send_message", tab.RPCCount("send_message"), tab2.RPCCount("send_message"))
+	// A serves its own tab (the token is checked in its replica).
+	if st, body := msg(a, "on-a"); st != 200 || body["status"] != "dispatched" {
+		t.Fatalf("message on A, cut off = %d %v", st, body)
 	}
-	start := time.Now()
+	// B reaches the tab on A's peer link, which does not need NATS.
+	if st, body := msg(b, "on-b"); st != 200 || body["status"] != "dispatched" {
+		t.Fatalf("message on B, A cut off = %d %v", st, body)
+	}
+	// C never heard of A for this tab: NATS finds nobody holding it.
+	st, hdr, body := post(t, c.LAPURL()+"/observe", sess.Token, `{}`)
+	if code, _ := body["error"].(map[string]any)["code"].(string); st != 503 || code != "paused" || hdr.Get("Retry-After") == "" {
+		t.Fatalf("observe on C, A cut off = %d %v", st, body)
+	}
+	// A bucket write on A fails at once: 503 unavailable, retry soon.
+	res, err := http.Post(a.URL+"/agent/mint", "application/json", strings.NewReader(`{"tab":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" {
+		t.Fatalf("mint on A, cut off = %d (Retry-After %q), want 503 with Retry-After", res.StatusCode, res.Header.Get("Retry-After"))
+	}
+	if n := tab.RPCCount("send_message"); n != 2 {
+		t.Fatalf("tab saw %d send_message frames while A was cut off, want 2", n)
+	}
+
 	ps[0].heal()
-	waitUntil(t, "A ready", func() bool { return ready(t, a) })
-	t.Logf("ready after %v", time.Since(start))
-	time.Sleep(time.Second)
+	waitUntil(t, "A's /readyz to say ready", func() bool { return ready(t, a) })
+	// A's subscriptions are back: C's calls reach the tab again.
+	waitUntil(t, "C to reach the tab", func() bool {
+		st, _, _ := post(t, c.LAPURL()+"/observe", sess.Token, `{}`)
+		return st == 200
+	})
+	for i, n := range ns {
+		if st, body := msg(n, fmt.Sprint("healed-", i)); st != 200 || body["status"] != "dispatched" {
+			t.Fatalf("message on node %d after the heal = %d %v", i, st, body)
+		}
+	}
+	if n := tab.RPCCount("send_message"); n != 5 {
+		t.Fatalf("tab saw %d send_message frames, want 5 (each call once)", n)
+	}
 	select {
 	case <-tab.Done():
-		t.Logf("tab1 closed %d", tab.CloseStatus())
+		t.Fatalf("the tab's socket closed (%d): nobody took it over", tab.CloseStatus())
 	default:
-		t.Logf("tab1 still open")
 	}
-	t.Logf("owned A %d B %d", a.Lapd.Stats().Pairing.Cluster.Owned, b.Lapd.Stats().Pairing.Cluster.Owned)
-	for j := range 4 {
-		for i, s := range ns {
-			st, _, body := post(t, s.LAPURL()+"/message", sess.Token, fmt.Sprintf(`{"msg":{"type":"inc"},"idempotencyKey":"h%d%d"}`, i, j))
-			t.Logf("healed: message on %d = %d %v %v", i, st, body["status"], body["error"])
+	if sa := stats(a); sa.Owned != 1 || sa.Reannounced != 1 {
+		t.Fatalf("A's cluster stats after the heal: %+v, want the tab owned and re-announced once", sa)
+	}
+	if rec, err := a.Lapd.Tokens().Get(ctx, sess.TID); err != nil || rec.Status != "active" {
+		t.Fatalf("record after the heal = %+v, %v", rec, err)
+	}
+}
+
+// A node cut off from NATS while its tab's tid is taken over on another
+// node (a duplicate tab, or the load balancer moved a reconnecting tab):
+// during the cut each node reaches its own socket; once the cut-off node
+// is back, whichever node's connection comes back first, exactly one
+// owner is left, the newer socket: the older one is closed with 4002
+// (superseded), and every call after that reaches the newer socket.
+func TestClusterPartitionTakeover(t *testing.T) {
+	t.Parallel()
+	for _, order := range []string{"a-heals", "both-heal-together", "a-heals-first", "b-heals-first"} {
+		t.Run(order, func(t *testing.T) {
+			t.Parallel()
+			partitionTakeover(t, order)
+		})
+	}
+}
+
+func partitionTakeover(t *testing.T, order string) {
+	ns, ps := partitionNodes(t, 2)
+	a, b := ns[0], ns[1]
+	ctx := ctxT(t)
+	app := lapdtest.DemoApp()
+	tab1, sess, err := a.Pair(ctx, lapdtest.WithApp(app))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab1.Close()
+	msg := func(n *lapdtest.Server, key string) (int, map[string]any) {
+		st, _, body := post(t, n.LAPURL()+"/message", sess.Token, `{"msg":{"type":"inc"},"idempotencyKey":"`+key+`"}`)
+		return st, body
+	}
+
+	ps[0].cut()
+	waitUntil(t, "A's /readyz to say not ready", func() bool { return !ready(t, a) })
+	tab2, err := lapdtest.Dial(ctx, b.WSURL(), sess.Token, lapdtest.WithTabSecret(sess.TabSecret), lapdtest.WithApp(app))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab2.Close()
+	// During the cut each node reaches the socket it holds: A has not
+	// heard of the takeover (nothing tells it without NATS).
+	if st, body := msg(a, "cut-a"); st != 200 || body["status"] != "dispatched" {
+		t.Fatalf("message on A, cut off = %d %v", st, body)
+	}
+	if st, body := msg(b, "cut-b"); st != 200 || body["status"] != "dispatched" {
+		t.Fatalf("message on B = %d %v", st, body)
+	}
+	if n1, n2 := tab1.RPCCount("send_message"), tab2.RPCCount("send_message"); n1 != 1 || n2 != 1 {
+		t.Fatalf("during the cut: tab on A saw %d send_message, tab on B %d; want 1 each", n1, n2)
+	}
+
+	switch order {
+	case "a-heals":
+		ps[0].heal()
+	case "both-heal-together":
+		ps[1].cut()
+		waitUntil(t, "B's /readyz to say not ready", func() bool { return !ready(t, b) })
+		ps[0].heal()
+		ps[1].heal()
+	case "a-heals-first":
+		// A comes back and re-announces its (older) socket while B is
+		// cut off and cannot answer; B's own re-announce settles it.
+		ps[1].cut()
+		waitUntil(t, "B's /readyz to say not ready", func() bool { return !ready(t, b) })
+		ps[0].heal()
+		waitUntil(t, "A to re-announce", func() bool { return stats(a).Reannounced == 1 })
+		ps[1].heal()
+	case "b-heals-first":
+		ps[1].cut()
+		waitUntil(t, "B's /readyz to say not ready", func() bool { return !ready(t, b) })
+		ps[1].heal()
+		waitUntil(t, "B to re-announce", func() bool { return stats(b).Reannounced == 1 })
+		ps[0].heal()
+	}
+	select {
+	case <-tab1.Done():
+		if c := tab1.CloseStatus(); c != 4002 {
+			t.Fatalf("the older socket closed with %d, want 4002 (superseded)", c)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the older socket on A is still open after the heal (two owners)")
+	}
+	waitUntil(t, "both nodes ready", func() bool { return ready(t, a) && ready(t, b) })
+	select {
+	case <-tab2.Done():
+		t.Fatalf("the newer socket on B closed (%d)", tab2.CloseStatus())
+	default:
+	}
+	if sa, sb := stats(a), stats(b); sa.Owned != 0 || sb.Owned != 1 {
+		t.Fatalf("owned: A %d, B %d; want 0 and 1", sa.Owned, sb.Owned)
+	}
+	for i, n := range ns {
+		if st, body := msg(n, fmt.Sprint("healed-", i)); st != 200 || body["status"] != "dispatched" {
+			t.Fatalf("message on node %d after the heal = %d %v", i, st, body)
 		}
 	}
-	if tab2 != nil {
-		t.Logf("tab1 %d, tab2 %d send_message", tab.RPCCount("send_message"), tab2.RPCCount("send_message"))
+	if n1, n2 := tab1.RPCCount("send_message"), tab2.RPCCount("send_message"); n1 != 1 || n2 != 3 {
+		t.Fatalf("after the heal: the older socket saw %d send_message, the newer %d; want 1 and 3", n1, n2)
+	}
+	// The record stays active: the node that let go did not mark it
+	// pending-resume.
+	if rec, err := b.Lapd.Tokens().Get(ctx, sess.TID); err != nil || rec.Status != "active" {
+		t.Fatalf("record after the heal = %+v, %v", rec, err)
+	}
+}
+
+// The takeover rule itself: a takeover for a tid held here with an older
+// revision than the socket here (a node that was cut off from NATS) leaves
+// the socket open and is answered with this node's own takeover, with its
+// revision; a takeover without a revision (an older lapd) is obeyed, as
+// before.
+func TestClusterTakeoverRevisions(t *testing.T) {
+	t.Parallel()
+	nsrv, name, ns := nodesOn(t, 1)
+	a := ns[0]
+	ctx := ctxT(t)
+	tab, sess, err := a.Pair(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	nc := nsrv.Connect(t)
+	spy, err := nc.SubscribeSync(name + ".takeover")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Revision 1 is the record's creation: older than any Connected write.
+	stale := &nats.Msg{Subject: name + ".takeover", Data: []byte("elsewhere " + sess.TID), Header: nats.Header{"Lapd-Rev": []string{"1"}}}
+	if err := nc.PublishMsg(stale); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := spy.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("no answer to a stale takeover: %v", err)
+		}
+		if string(m.Data) == "elsewhere "+sess.TID {
+			continue // the stale one itself
+		}
+		if rev, _ := strconv.ParseUint(m.Header.Get("Lapd-Rev"), 10, 64); string(m.Data) != "n0 "+sess.TID || rev <= 1 {
+			t.Fatalf("answer to a stale takeover: %q rev %q, want A's takeover with a newer revision", m.Data, m.Header.Get("Lapd-Rev"))
+		}
+		break
+	}
+	if sa := stats(a); sa.TakeoversRefused != 1 || sa.Owned != 1 {
+		t.Fatalf("A after a stale takeover: %+v", sa)
+	}
+	select {
+	case <-tab.Done():
+		t.Fatalf("a stale takeover closed the socket (%d)", tab.CloseStatus())
+	default:
+	}
+	if err := nc.Publish(name+".takeover", []byte("elsewhere "+sess.TID)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-tab.Done():
+		if c := tab.CloseStatus(); c != 4002 {
+			t.Fatalf("closed with %d after a takeover without a revision, want 4002", c)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a takeover without a revision (an older lapd) was not obeyed")
 	}
 }
