@@ -155,8 +155,17 @@ func Run(t *testing.T, newStore func(t *testing.T) tokens.Store) {
 		if got.Status != tokens.StatusPendingResume || got.LastSeenAt != 5000 || got.TID != "t1" {
 			t.Errorf("Update returned %+v", got)
 		}
-		if stored := mustGet(t, s, "t1"); stored != got {
+		// Rev is only Update's answer (Get leaves it 0).
+		if stored := mustGet(t, s, "t1"); stored.Rev != 0 || stored != withRev(got, 0) {
 			t.Errorf("stored %+v, Update returned %+v", stored, got)
+		}
+		// A store that keeps revisions gives every write a higher one.
+		again, err := s.Update(t.Context(), "t1", func(r *tokens.Record) error { r.LastSeenAt = 6000; return nil })
+		if err != nil {
+			t.Fatalf("Update: %v", err)
+		}
+		if got.Rev != 0 && again.Rev <= got.Rev || got.Rev == 0 && again.Rev != 0 {
+			t.Errorf("revisions of two Updates: %d then %d, want growing (or 0 in a store without them)", got.Rev, again.Rev)
 		}
 	})
 
@@ -347,3 +356,5 @@ func Run(t *testing.T, newStore func(t *testing.T) tokens.Store) {
 		}
 	})
 }
+
+func withRev(r tokens.Record, rev uint64) tokens.Record { r.Rev = rev; return r }
