@@ -194,13 +194,16 @@ func TestClusterPartitionHeals(t *testing.T) {
 		t.Fatalf("tab saw %d send_message frames while A was cut off, want 2", n)
 	}
 
+	healed := time.Now()
 	ps[0].heal()
 	waitUntil(t, "A's /readyz to say ready", func() bool { return ready(t, a) })
+	readyIn := time.Since(healed)
 	// A's subscriptions are back: C's calls reach the tab again.
 	waitUntil(t, "C to reach the tab", func() bool {
 		st, _, _ := post(t, c.LAPURL()+"/observe", sess.Token, `{}`)
 		return st == 200
 	})
+	t.Logf("after the heal: A ready in %v, C reached the tab in %v", readyIn, time.Since(healed)) // for docs/CLUSTER.md, not asserted
 	for i, n := range ns {
 		if st, body := msg(n, fmt.Sprint("healed-", i)); st != 200 || body["status"] != "dispatched" {
 			t.Fatalf("message on node %d after the heal = %d %v", i, st, body)
@@ -324,6 +327,53 @@ func partitionTakeover(t *testing.T, order string) {
 	// pending-resume.
 	if rec, err := b.Lapd.Tokens().Get(ctx, sess.TID); err != nil || rec.Status != "active" {
 		t.Fatalf("record after the heal = %+v, %v", rec, err)
+	}
+}
+
+// A session revoked on another node while the tab's node is cut off from
+// NATS: the revoking node's request to drop the tab finds nobody, and the
+// cut-off node still accepts the token from its replica until it is back;
+// then it learns the revocation from the token bucket's watch, refuses the
+// token and closes the tab's socket as a revocation does (4001, after
+// {t:'revoked'}).
+func TestClusterPartitionRevoke(t *testing.T) {
+	t.Parallel()
+	ns, ps := partitionNodes(t, 2)
+	a, b := ns[0], ns[1]
+	ctx := ctxT(t)
+	tab, sess, err := a.Pair(ctx, lapdtest.WithApp(lapdtest.DemoApp()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	ps[0].cut()
+	waitUntil(t, "A's /readyz to say not ready", func() bool { return !ready(t, a) })
+	if err := b.Lapd.Revoke(ctx, sess.TID); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, body := post(t, b.LAPURL()+"/observe", sess.Token, `{}`); st != 403 {
+		t.Fatalf("observe on B after the revocation = %d %v", st, body)
+	}
+	if st, _, body := post(t, a.LAPURL()+"/observe", sess.Token, `{}`); st != 200 {
+		t.Fatalf("observe on A, cut off, after the revocation = %d %v (its replica has not heard)", st, body)
+	}
+	ps[0].heal()
+	select {
+	case <-tab.Done():
+		if c := tab.CloseStatus(); c != 4001 {
+			t.Fatalf("the revoked tab's socket closed with %d, want 4001", c)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the revoked tab's socket on A is still open after the heal")
+	}
+	if tab.Count("revoked") != 1 {
+		t.Fatalf("the tab got %d {t:'revoked'} frames, want 1", tab.Count("revoked"))
+	}
+	if st, _, body := post(t, a.LAPURL()+"/observe", sess.Token, `{}`); st != 403 {
+		t.Fatalf("observe on A after the heal = %d %v", st, body)
+	}
+	if sa := stats(a); sa.Owned != 0 {
+		t.Fatalf("A still owns %d tabs", sa.Owned)
 	}
 }
 

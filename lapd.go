@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -58,6 +59,9 @@ type Server struct {
 	nc      *nats.Conn // the cluster's NATS connection; nil on a single node
 	ownNC   bool       // opened from NATSURL: closed last
 	cluster string     // Config.ClusterName or "lapd"
+	// live is registry for the token bucket's watch (dropRevoked), which
+	// starts before the registry exists.
+	live atomic.Pointer[pairing.Registry]
 
 	shutOnce sync.Once
 	shutErr  error
@@ -156,6 +160,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}); err != nil {
 		return nil, err
 	}
+	s.live.Store(s.registry)
 	// confirm needs the LAP server's OnConfirmExpire, and the LAP server needs
 	// confirm: the hook is installed once the server exists (SetOnExpire
 	// delivers expiries that happened before it, e.g. approvals loaded from
@@ -343,6 +348,16 @@ func (s *Server) Prefix() string { return s.prefix }
 
 // Tokens is the token manager (mint, verify, revoke records directly).
 func (s *Server) Tokens() *tokens.Manager { return s.tokens }
+
+// dropRevoked closes a tab held here whose record another node revoked
+// (tokens.NATSConfig.OnRevoked): the revoking node asks the tab's node
+// directly, but a node cut off from NATS then does not hear it, and learns
+// the revocation from the bucket's watch once it is back.
+func (s *Server) dropRevoked(tid string) {
+	if r := s.live.Load(); r != nil {
+		r.DropRevoked(tid)
+	}
+}
 
 // Registry is the pairing registry: the live tabs.
 func (s *Server) Registry() *pairing.Registry { return s.registry }

@@ -45,7 +45,8 @@ func (s *Server) openStores(ctx context.Context, cfg Config) (tokens.Store, conf
 			return nil, nil, errors.New("lapd: the nats store needs NATSURL or NATSConn")
 		}
 		if cfg.TokenStore == nil {
-			ts, err := tokens.OpenNATSConfig(ctx, s.nc, tokens.NATSConfig{Bucket: s.cluster + "_tokens", Replicas: cfg.NATSReplicas})
+			ts, err := tokens.OpenNATSConfig(ctx, s.nc, tokens.NATSConfig{Bucket: s.cluster + "_tokens", Replicas: cfg.NATSReplicas,
+				OnRevoked: s.dropRevoked})
 			if err != nil {
 				return nil, nil, natsRefused(s.nc, fmt.Errorf("lapd: token store on NATS: %w", err))
 			}

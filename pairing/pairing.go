@@ -1038,6 +1038,29 @@ func (r *Registry) Unregister(tid string) {
 	}
 }
 
+// DropRevoked drops tid's socket if this node holds it, as Unregister
+// does, without asking other nodes: for a revocation this node learns from
+// the token store rather than from the revoking node's request (in a
+// cluster, one made while this node was cut off from NATS: the request
+// found nobody, and the tab would stay connected with a revoked token).
+// It returns at once; the socket is closed on a goroutine of its own.
+func (r *Registry) DropRevoked(tid string) {
+	if !r.holds(tid) {
+		return
+	}
+	r.mu.Lock()
+	if r.shutting {
+		r.mu.Unlock()
+		return
+	}
+	r.wg.Add(1) // legal: not shutting, under r.mu (Shutdown sets shutting under it before waiting)
+	r.mu.Unlock()
+	go func() {
+		defer r.wg.Done()
+		r.drop(tid, CloseRevoked, "revoked", "unregistered")
+	}()
+}
+
 // drop removes tid at once: the live socket (if any) gets {t:'revoked'} when
 // code is CloseRevoked, and is closed with code.
 func (r *Registry) drop(tid string, code int, reason, auditReason string) {

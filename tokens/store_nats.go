@@ -86,6 +86,12 @@ type NATSConfig struct {
 	// N or updates it to N, and fails if the servers cannot; 0 creates a
 	// missing bucket with 1 and keeps an existing one's.
 	Replicas int
+	// OnRevoked, if set, is called with a record's tid when the bucket's
+	// watch delivers it revoked: a revocation made by another node (also
+	// one made while this node was cut off from NATS, delivered when it is
+	// back), and every revoked record while the store opens. On the
+	// watch's goroutine: it must return promptly.
+	OnRevoked func(tid string)
 }
 
 // OpenNATSConfig is OpenNATS with the bucket's settings.
@@ -98,6 +104,11 @@ func OpenNATSConfig(ctx context.Context, nc *nats.Conn, cfg NATSConfig) (*NATSSt
 		Conn: nc, Bucket: bucket, Prefix: "t.",
 		Replicas: cfg.Replicas,
 		Index:    func(n natsRecord) string { return n.TokenHash },
+		OnChange: func(_ string, n natsRecord, _ uint64, deleted bool) {
+			if !deleted && n.Status == StatusRevoked && cfg.OnRevoked != nil {
+				cfg.OnRevoked(n.TID)
+			}
+		},
 		Decode: func(_ string, b []byte) (natsRecord, error) {
 			var n natsRecord
 			err := json.Unmarshal(b, &n)
