@@ -91,21 +91,22 @@ func (m *Manager) follow(p Pending, deleted bool) {
 }
 
 // fetchShared reads tid/id from the shared store when this node does not
-// hold it and applies it; it reports whether it found it.
-func (m *Manager) fetchShared(ctx context.Context, tid, id string) bool {
+// hold it and applies it; it reports whether it found it, and the store's
+// error when it could not read it.
+func (m *Manager) fetchShared(ctx context.Context, tid, id string) (bool, error) {
 	m.mu.Lock()
 	ts := m.tids[tid]
 	known := ts != nil && (ts.pending[id] != nil || ts.kept[id] != nil)
 	m.mu.Unlock()
 	if known {
-		return false
+		return false, nil
 	}
 	p, ok, err := m.shared.Get(ctx, tid, id)
 	if err != nil || !ok {
-		return false
+		return false, err
 	}
 	m.follow(p, false)
-	return true
+	return true, nil
 }
 
 // settleLocked decides the answer that stands for e: r itself on a single
