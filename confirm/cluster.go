@@ -3,6 +3,8 @@ package confirm
 import (
 	"context"
 	"time"
+
+	"github.com/lapd-dev/lapd/internal/storeerr"
 )
 
 // A Manager over a SharedStore (several lapd processes, one NATS bucket)
@@ -125,12 +127,69 @@ func (m *Manager) settleLocked(ctx context.Context, e *entry, r Resolution) (Res
 	stands, won, ok, err := m.shared.Answer(ctx, p)
 	if err != nil {
 		m.log.Warn("confirm: record the answer in the shared store", "tid", e.key.tid, "confirmId", e.key.id, "err", err)
+		if storeerr.Unavailable(err) {
+			// This node keeps r; the others learn it when it lands.
+			until := m.now().Add(m.cfg.Keep)
+			if exp := time.UnixMilli(p.ExpiresAt); exp.After(until) {
+				until = exp
+			}
+			m.answerLaterLocked(p, until)
+		}
 		return r, true
 	}
 	if !ok { // not in the store (its write failed, or it was dropped): this node's answer
 		return r, true
 	}
 	return stands, won
+}
+
+// answerRetry is how long an answer the shared store did not take waits
+// before it is sent again.
+const answerRetry = 2 * time.Second
+
+// answerLaterLocked sends p's answer (p.Outcome) to the shared store again
+// in answerRetry, and again while the store does not answer, until until
+// (the approval's expiry or the keep window, whichever is later), or Close.
+// Without it, an answer this node recorded while NATS could not be reached
+// (the human's click on the node that holds the tab) would stay on this
+// node: a /message or /confirm-result waiting on another node would see the
+// approval expire instead. Compare-and-set still decides: if another answer
+// was stored first (another node's expiry), that one stands there. Caller
+// holds mu.
+func (m *Manager) answerLaterLocked(p Pending, until time.Time) {
+	if m.closed {
+		return
+	}
+	if m.retries == nil {
+		m.retries = make(map[*time.Timer]struct{})
+	}
+	m.timers.Add(1)
+	var t *time.Timer
+	t = time.AfterFunc(answerRetry, func() {
+		defer m.timers.Done()
+		<-m.ready
+		m.mu.Lock()
+		delete(m.retries, t)
+		closed := m.closed
+		m.mu.Unlock()
+		if closed {
+			return
+		}
+		ctx, cancel := context.WithTimeout(m.stop, storeTimeout)
+		_, won, ok, err := m.shared.Answer(ctx, p)
+		cancel()
+		switch {
+		case storeerr.Unavailable(err) && m.now().Before(until):
+			m.mu.Lock()
+			m.answerLaterLocked(p, until)
+			m.mu.Unlock()
+		case err != nil:
+			m.log.Warn("confirm: gave up recording the answer in the shared store", "tid", p.TID, "confirmId", p.ConfirmID, "err", err)
+		case ok && !won:
+			m.log.Info("confirm: another answer was stored first", "tid", p.TID, "confirmId", p.ConfirmID)
+		}
+	})
+	m.retries[t] = struct{}{}
 }
 
 // parkSharedLocked parks an early answer in a cluster. Caller holds mu.

@@ -244,8 +244,11 @@ type Manager struct {
 
 	// shared is Config.Store when other processes share it (a cluster):
 	// see SharedStore and cluster.go.
-	shared SharedStore
-	parked *list.List // of parkedAnswer, oldest first (shared stores only)
+	shared  SharedStore
+	parked  *list.List               // of parkedAnswer, oldest first (shared stores only)
+	retries map[*time.Timer]struct{} // answers waiting to be sent to the shared store again (guarded by mu)
+	stop    context.Context          // cancelled by Close: ends a store call made from a timer
+	cancel  context.CancelFunc
 }
 
 // maxUnnotified bounds the expiries kept for a hook set later.
@@ -281,6 +284,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		onExpire: cfg.OnExpire,
 		parked:   list.New(),
 	}
+	m.stop, m.cancel = context.WithCancel(context.Background())
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
 	}
@@ -921,8 +925,13 @@ func (m *Manager) Close() error {
 		return nil
 	}
 	m.closed = true
+	m.cancel()
 	m.stopTimer(m.sweep)
 	m.sweep = nil
+	for t := range m.retries {
+		m.stopTimer(t)
+	}
+	m.retries = nil
 	for _, ts := range m.tids {
 		for _, e := range ts.pending {
 			m.stopTimer(e.timer)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -17,7 +19,9 @@ import (
 // responders.
 type downShared struct {
 	*MemoryStore
-	down atomic.Bool
+	down       atomic.Bool
+	answerDown atomic.Int32 // Answer calls still to fail
+	answers    atomic.Int32 // Answer calls made
 }
 
 func (d *downShared) Put(ctx context.Context, p Pending) error {
@@ -40,8 +44,22 @@ func (d *downShared) Get(ctx context.Context, tid, id string) (Pending, bool, er
 	return Pending{}, false, err
 }
 
-func (d *downShared) Answer(context.Context, Pending) (Resolution, bool, bool, error) {
-	return Resolution{}, false, false, nil
+// Answer fails while answerDown > 0 (counting down), else stores the
+// outcome unless one is stored (first wins, as NATSStore's compare-and-set).
+func (d *downShared) Answer(ctx context.Context, p Pending) (Resolution, bool, bool, error) {
+	d.answers.Add(1)
+	if d.answerDown.Load() > 0 {
+		d.answerDown.Add(-1)
+		return Resolution{}, false, false, fmt.Errorf("kv update: %w", nats.ErrTimeout)
+	}
+	cur, ok, err := d.Get(ctx, p.TID, p.ConfirmID)
+	if err != nil || !ok {
+		return Resolution{}, false, false, err
+	}
+	if cur.Outcome != nil {
+		return *cur.Outcome, false, true, nil
+	}
+	return *p.Outcome, true, true, d.MemoryStore.Put(ctx, p)
 }
 
 func (d *downShared) Follow(func(Pending, bool)) {}
@@ -100,4 +118,62 @@ func TestWaitStoreUnavailable(t *testing.T) {
 	if _, err := m.Wait(t.Context(), "t1", "c-elsewhere"); !errors.Is(err, ErrUnknown) {
 		t.Fatalf("Wait for an id the store does not hold = %v, want ErrUnknown", err)
 	}
+}
+
+// An answer this node recorded while the shared store did not answer (the
+// human's click, on the node that holds the tab) is sent to the store again
+// every 2 s until it lands, so the other nodes learn it instead of seeing
+// the approval expire; Close ends the retries.
+func TestAnswerSentAgainWhenStoreUnavailable(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		st := &downShared{MemoryStore: NewMemoryStore()}
+		m, err := New(t.Context(), Config{Store: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Propose(t.Context(), Pending{TID: "t1", ConfirmID: "c1", Variant: "clearAll"}); err != nil {
+			t.Fatal(err)
+		}
+		st.answerDown.Store(2)
+		if _, was := m.Resolve(t.Context(), "t1", "c1", Resolution{Status: StatusConfirmed}); !was {
+			t.Fatal("Resolve: not pending")
+		}
+		if r, err := m.Wait(t.Context(), "t1", "c1"); err != nil || r.Status != StatusConfirmed {
+			t.Fatalf("this node's answer = %+v, %v", r, err)
+		}
+		stored := func() *Resolution {
+			p, _, _ := st.Get(t.Context(), "t1", "c1")
+			return p.Outcome
+		}
+		if o := stored(); o != nil || st.answers.Load() != 1 {
+			t.Fatalf("stored %+v after %d Answer calls, want nothing after 1", o, st.answers.Load())
+		}
+		time.Sleep(answerRetry)
+		synctest.Wait()
+		if o := stored(); o != nil || st.answers.Load() != 2 {
+			t.Fatalf("stored %+v after %d Answer calls, want nothing after 2 (the store is still down)", o, st.answers.Load())
+		}
+		time.Sleep(answerRetry)
+		synctest.Wait()
+		if o := stored(); o == nil || o.Status != StatusConfirmed || st.answers.Load() != 3 {
+			t.Fatalf("stored %+v after %d Answer calls, want confirmed after 3", o, st.answers.Load())
+		}
+
+		// A retry pending at Close is not made.
+		if err := m.Propose(t.Context(), Pending{TID: "t1", ConfirmID: "c2", Variant: "clearAll"}); err != nil {
+			t.Fatal(err)
+		}
+		st.answerDown.Store(100)
+		m.Resolve(t.Context(), "t1", "c2", Resolution{Status: StatusRejected, Reason: ReasonUserCancelled})
+		n := st.answers.Load()
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * answerRetry)
+		synctest.Wait()
+		if st.answers.Load() != n {
+			t.Fatalf("%d Answer calls after Close, want none", st.answers.Load()-n)
+		}
+	})
 }
