@@ -18,7 +18,9 @@ import (
 //     (a timer on every node) settle an approval with compare-and-set in
 //     the store: the first answer stored stands, on every node. Only the
 //     node whose expiry won calls OnExpire, so the tab is told and the
-//     expiry audited once.
+//     expiry audited once. An answer the store did not take (NATS not
+//     answering) stands on this node and is sent again every 2 s until
+//     it lands (answerLaterLocked).
 //   - An answer for an id this node has not seen proposed is parked for
 //     parkTTL (at most MaxParkedPerTID per tid), whether or not an Expect
 //     is held here: the proposal may be on its way from the node that
