@@ -198,3 +198,27 @@ func TestResolveBindingsUnavailable(t *testing.T) {
 		t.Fatalf("%d /actions calls, want the first only", n)
 	}
 }
+
+// disconnect_session whose delete the cluster's store did not take tries
+// again (the handle adopted back from the store) until the handle is gone
+// there too: it must not keep working on the other nodes.
+func TestDisconnectBindingsUnavailable(t *testing.T) {
+	t.Parallel()
+	sh := newFakeShared()
+	h := newHarness(t, func(c *Config) { c.Bindings.Shared = sh })
+	s := h.connect(tokA)
+	sh.setDown(1)
+	out := h.call("disconnect_session", nil) // the caller's only binding, not named
+	if out.IsError || out.SC["status"] != "disconnected" || out.SC["session"] != s {
+		t.Fatalf("disconnect = %s %v", out.Text, out.SC)
+	}
+	if sh.has(s) {
+		t.Fatal("the handle is still in the cluster's store")
+	}
+	if w := h.after.got(); len(w) != 1 || w[0] != 2*time.Second {
+		t.Fatalf("waits %v, want one of 2 s", w)
+	}
+	if n := sh.count("delete"); n != 2 {
+		t.Fatalf("%d deletes, want 2 (one failed, one retried)", n)
+	}
+}

@@ -648,22 +648,31 @@ func (e *Executor) readHint() string {
 }
 
 func (e *Executor) disconnect(ctx context.Context, a args, p *progress) (*mcpgo.CallToolResult, error) {
-	var b Binding
+	handle, removed := a.str("session"), false
 	var vis []BindingSummary
 	err := e.retryBindings(ctx, p, func() (err error) {
-		b, vis, err = e.bindings.Resolve(e.scope(ctx), a.str("session"))
-		if err == nil {
-			_, err = e.bindings.Remove(b.Handle) // again after a failure: Resolve adopted it back
+		var b Binding
+		b, vis, err = e.bindings.Resolve(e.scope(ctx), handle)
+		if err != nil {
+			if removed && errors.Is(err, ErrUnknownSession) {
+				return nil // the delete that timed out went through after all
+			}
+			return err
 		}
+		// Removed here at once; a retry (the cluster's store did not take
+		// the delete) names the handle, so Resolve adopts it back from the
+		// store and Remove deletes it there again.
+		handle, removed = b.Handle, true
+		_, err = e.bindings.Remove(b.Handle)
 		return err
 	})
 	if err != nil {
-		if errors.Is(err, ErrUnbound) || errors.Is(err, ErrUnknownSession) {
+		if !removed && (errors.Is(err, ErrUnbound) || errors.Is(err, ErrUnknownSession)) {
 			return structuredMap(map[string]any{"status": "not-connected", "session": a.str("session")}), nil
 		}
-		return nil, bindingError(err, a.str("session"), vis)
+		return nil, bindingError(err, handle, vis)
 	}
-	return structuredMap(map[string]any{"status": "disconnected", "session": b.Handle}), nil
+	return structuredMap(map[string]any{"status": "disconnected", "session": handle}), nil
 }
 
 func structuredMap(v map[string]any) *mcpgo.CallToolResult {
