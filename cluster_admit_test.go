@@ -59,11 +59,12 @@ func TestClusterOneHopPerCall(t *testing.T) {
 	if st, _, body := post(t, lapB+"/observe", sess.Token, `{}`); st != 200 || body["state"] == nil {
 		t.Fatalf("first observe via B = %d %v", st, body)
 	}
-	const n = 12 // 1 + 2n calls stay within the default per-tid burst (30)
-	for _, route := range []string{"/observe", "/state"} {
-		before, rpcs := forwarded(b), tab.RPCCount("observe")+tab.RPCCount("get_state")
+	const n = 9 // 1 + 3n calls stay within the default per-tid burst (30)
+	rpcs := func() int { return tab.RPCCount("observe") + tab.RPCCount("get_state") + tab.RPCCount("send_message") }
+	for _, route := range []string{"/observe", "/state", "/message"} {
+		before, was := forwarded(b), rpcs()
 		for range n {
-			if st, _, body := post(t, lapB+route, sess.Token, `{}`); st != 200 {
+			if st, _, body := post(t, lapB+route, sess.Token, `{"msg":{"type":"inc"}}`); st != 200 {
 				t.Fatalf("%s via B = %d %v", route, st, body)
 			}
 		}
@@ -71,7 +72,7 @@ func TestClusterOneHopPerCall(t *testing.T) {
 		if hops > n*3/2 {
 			t.Errorf("%d %s calls via B made %d forwarded requests, want about %d (one each)", n, route, hops, n)
 		}
-		if got := tab.RPCCount("observe") + tab.RPCCount("get_state") - rpcs; got != n {
+		if got := rpcs() - was; got != n {
 			t.Errorf("the tab answered %d rpcs for %d %s calls: a call was doubled or lost", got, n, route)
 		}
 		t.Logf("%s: %d calls, %d forwarded requests", route, n, hops)
@@ -140,26 +141,28 @@ func TestClusterRefusedMessageHasNoEffect(t *testing.T) {
 			t.Fatalf("observe via B = %d %v", st, body)
 		}
 	}
-	for _, msg := range []string{
-		`{"msg":{"type":"clearAll"},"idempotencyKey":"k-confirm","approvalTimeoutMs":0}`,
-		`{"msg":{"type":"inc"},"idempotencyKey":"k-inc"}`,
+	for _, c := range []struct{ route, body string }{
+		{"/message", `{"msg":{"type":"clearAll"},"idempotencyKey":"k-confirm","approvalTimeoutMs":0}`},
+		{"/message", `{"msg":{"type":"inc"},"idempotencyKey":"k-inc"}`},
+		{"/message", `{"msg":{"type":"inc"}}`},          // the admit travels with the call
+		{"/message", `{"msg":{"type":"reset"}}`},        // lapd's policy refuses it: settled before the audit
+		{"/message", `{"msg":{"type":"clearAll"}}`},     // would propose an approval
+		{"/would-dispatch", `{"msg":{"type":"reset"}}`}, // a rejection, not an error
+		{"/would-dispatch", `{"msg":{"type":"inc"}}`},   // asks the tab
 	} {
-		st, _, body := post(t, lapB+"/message", token, msg)
+		st, _, body := post(t, lapB+c.route, token, c.body)
 		if e, _ := body["error"].(map[string]any); st != http.StatusTooManyRequests || e["retryAfterMs"] == nil {
-			t.Fatalf("message via B over the limit = %d %v, want 429 with retryAfterMs", st, body)
+			t.Fatalf("%s %s via B over the limit = %d %v, want 429 with retryAfterMs", c.route, c.body, st, body)
 		}
+	}
+	if n := tab.RPCCount("would_dispatch"); n != 0 {
+		t.Fatalf("the tab received %d would_dispatch frames for refused calls", n)
 	}
 	if n := tab.RPCCount("send_message"); n != 0 {
 		t.Fatalf("the tab received %d send_message frames for refused calls", n)
 	}
 	if ls := b.Lapd.LAP().Stats(); ls.IdemKeys != 0 {
 		t.Fatalf("B kept %d idempotency keys for refused calls", ls.IdemKeys)
-	}
-	for _, e := range b.AuditEntries() {
-		switch e.Event {
-		case audit.EventMsgDispatched, audit.EventMsgBlocked, audit.EventConfirmProposed:
-			t.Fatalf("a refused /message was audited as %s: %+v", e.Event, e)
-		}
 	}
 	advance(time.Hour)
 	st, _, body := post(t, lapB+"/message", token, `{"msg":{"type":"inc"},"idempotencyKey":"k-inc"}`)
@@ -168,5 +171,22 @@ func TestClusterRefusedMessageHasNoEffect(t *testing.T) {
 	}
 	if n := tab.RPCCount("send_message"); n != 1 {
 		t.Fatalf("the tab received %d send_message frames, want 1", n)
+	}
+	// Audit entries are written in order, off the request path: once the
+	// allowed call's entry is there, any entry of the refused ones is too.
+	if _, err := b.WaitAudit(ctxT(t), func(e audit.Entry) bool { return e.Event == audit.EventMsgDispatched }); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range b.AuditEntries() {
+		switch e.Event {
+		case audit.EventMsgDispatched:
+			n++
+		case audit.EventMsgBlocked, audit.EventConfirmProposed:
+			t.Fatalf("a refused call was audited as %s: %+v", e.Event, e)
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d msg-dispatched entries, want 1 (the allowed call)", n)
 	}
 }
