@@ -426,6 +426,7 @@ func New(cfg Config) (*Registry, error) {
 	r := &Registry{cfg: cfg, sessions: map[string]*session{}, closed: list.New(), stop: make(chan struct{})}
 	r.park.init(r)
 	r.rel.init()
+	r.rel.wg = &r.wg
 	h := cfg.Hooks
 	r.hooks.Store(&h)
 	if cfg.Cluster != nil {
