@@ -50,12 +50,13 @@ type call struct {
 // gate had refused. /message and /would-dispatch settle the admit
 // themselves (call.admitNow) before auditing a policy rejection, the one
 // such effect they may have before their call (an idempotency key is
-// dropped again when its call is refused). The other routes (/narrate, /wait, /confirm-result,
+// dropped again when its call is refused). /narrate's one push carries it
+// (Registry.PushLog). The other routes (/wait, /confirm-result,
 // /recent-actions) ask the tab's node first, as on one node.
 var admitLater = map[string]bool{
 	"/describe": true, "/observe": true, "/state": true, "/query-state": true,
 	"/actions": true, "/describe-visible": true, "/context": true, "/query-dom": true,
-	"/message": true, "/would-dispatch": true,
+	"/message": true, "/would-dispatch": true, "/narrate": true,
 }
 
 // lapHandler answers a gated call: a value to write as JSON (json.RawMessage
