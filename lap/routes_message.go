@@ -74,6 +74,9 @@ func (c *call) checkPolicy(sm splitMsg) (*schema.Rejection, *schema.Policy, *api
 		rej = pol.Check(sm.msg) // the tab sent a new policy meanwhile
 	}
 	if rej != nil {
+		if ae := c.admitNow(); ae != nil {
+			return nil, nil, ae
+		}
 		c.auditOutcome(audit.EventMsgBlocked, map[string]any{"variant": variant, "status": "rejected", "reason": rej.Reason, "source": "server-policy"})
 		return rej, pol, nil
 	}
@@ -97,6 +100,8 @@ func routeMessage(c *call) (any, *apiError) {
 	if key == "" {
 		return run()
 	}
+	// A deferred admit may travel with the call inside do: a refusal is
+	// not in doubt, so do drops the key as if it had never run.
 	return c.s.idem.do(c.ctx, c.tid, key, run)
 }
 
