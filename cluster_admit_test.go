@@ -59,11 +59,14 @@ func TestClusterOneHopPerCall(t *testing.T) {
 	if st, _, body := post(t, lapB+"/observe", sess.Token, `{}`); st != 200 || body["state"] == nil {
 		t.Fatalf("first observe via B = %d %v", st, body)
 	}
-	const n = 12 // 1 + 2n calls stay within the default per-tid burst (30)
-	for _, route := range []string{"/observe", "/state"} {
-		before, rpcs := forwarded(b), tab.RPCCount("observe")+tab.RPCCount("get_state")
+	const n = 7 // 1 + 4n calls stay within the default per-tid burst (30)
+	// A narration's log-push reaches the tab after the answer: counted
+	// by the hops only.
+	rpcs := func() int { return tab.RPCCount("observe") + tab.RPCCount("get_state") + tab.RPCCount("send_message") }
+	for _, route := range []string{"/observe", "/state", "/message", "/narrate"} {
+		before, was := forwarded(b), rpcs()
 		for range n {
-			if st, _, body := post(t, lapB+route, sess.Token, `{}`); st != 200 {
+			if st, _, body := post(t, lapB+route, sess.Token, `{"msg":{"type":"inc"},"text":"hello"}`); st != 200 {
 				t.Fatalf("%s via B = %d %v", route, st, body)
 			}
 		}
@@ -71,7 +74,7 @@ func TestClusterOneHopPerCall(t *testing.T) {
 		if hops > n*3/2 {
 			t.Errorf("%d %s calls via B made %d forwarded requests, want about %d (one each)", n, route, hops, n)
 		}
-		if got := tab.RPCCount("observe") + tab.RPCCount("get_state") - rpcs; got != n {
+		if got := rpcs() - was; got != n && route != "/narrate" {
 			t.Errorf("the tab answered %d rpcs for %d %s calls: a call was doubled or lost", got, n, route)
 		}
 		t.Logf("%s: %d calls, %d forwarded requests", route, n, hops)
@@ -96,9 +99,9 @@ func TestClusterRateLimitOnTabsNode(t *testing.T) {
 	if n := tab.RPCCount("observe"); n != burst {
 		t.Fatalf("tab answered %d observes, want %d", n, burst)
 	}
-	for _, route := range []string{"/observe", "/state", "/describe", "/message"} {
+	for _, route := range []string{"/observe", "/state", "/describe", "/message", "/narrate"} {
 		before := forwarded(b)
-		st, hdr, body := post(t, lapB+route, token, `{"msg":{"type":"inc"}}`)
+		st, hdr, body := post(t, lapB+route, token, `{"msg":{"type":"inc"},"text":"hi"}`)
 		e, _ := body["error"].(map[string]any)
 		if st != http.StatusTooManyRequests || e["code"] != "rate-limited" {
 			t.Fatalf("%s via B over A's limit = %d %v, want 429 rate-limited", route, st, body)
@@ -140,26 +143,29 @@ func TestClusterRefusedMessageHasNoEffect(t *testing.T) {
 			t.Fatalf("observe via B = %d %v", st, body)
 		}
 	}
-	for _, msg := range []string{
-		`{"msg":{"type":"clearAll"},"idempotencyKey":"k-confirm","approvalTimeoutMs":0}`,
-		`{"msg":{"type":"inc"},"idempotencyKey":"k-inc"}`,
+	for _, c := range []struct{ route, body string }{
+		{"/message", `{"msg":{"type":"clearAll"},"idempotencyKey":"k-confirm","approvalTimeoutMs":0}`},
+		{"/message", `{"msg":{"type":"inc"},"idempotencyKey":"k-inc"}`},
+		{"/message", `{"msg":{"type":"inc"}}`},          // the admit travels with the call
+		{"/message", `{"msg":{"type":"reset"}}`},        // lapd's policy refuses it: settled before the audit
+		{"/message", `{"msg":{"type":"clearAll"}}`},     // would propose an approval
+		{"/would-dispatch", `{"msg":{"type":"reset"}}`}, // a rejection, not an error
+		{"/would-dispatch", `{"msg":{"type":"inc"}}`},   // asks the tab
+		{"/narrate", `{"text":"refused"}`},              // would push a log-push
 	} {
-		st, _, body := post(t, lapB+"/message", token, msg)
+		st, _, body := post(t, lapB+c.route, token, c.body)
 		if e, _ := body["error"].(map[string]any); st != http.StatusTooManyRequests || e["retryAfterMs"] == nil {
-			t.Fatalf("message via B over the limit = %d %v, want 429 with retryAfterMs", st, body)
+			t.Fatalf("%s %s via B over the limit = %d %v, want 429 with retryAfterMs", c.route, c.body, st, body)
 		}
+	}
+	if n := tab.RPCCount("would_dispatch"); n != 0 {
+		t.Fatalf("the tab received %d would_dispatch frames for refused calls", n)
 	}
 	if n := tab.RPCCount("send_message"); n != 0 {
 		t.Fatalf("the tab received %d send_message frames for refused calls", n)
 	}
 	if ls := b.Lapd.LAP().Stats(); ls.IdemKeys != 0 {
 		t.Fatalf("B kept %d idempotency keys for refused calls", ls.IdemKeys)
-	}
-	for _, e := range b.AuditEntries() {
-		switch e.Event {
-		case audit.EventMsgDispatched, audit.EventMsgBlocked, audit.EventConfirmProposed:
-			t.Fatalf("a refused /message was audited as %s: %+v", e.Event, e)
-		}
 	}
 	advance(time.Hour)
 	st, _, body := post(t, lapB+"/message", token, `{"msg":{"type":"inc"},"idempotencyKey":"k-inc"}`)
@@ -168,5 +174,26 @@ func TestClusterRefusedMessageHasNoEffect(t *testing.T) {
 	}
 	if n := tab.RPCCount("send_message"); n != 1 {
 		t.Fatalf("the tab received %d send_message frames, want 1", n)
+	}
+	// Frames arrive in order: a refused narration's would have come first.
+	if n := tab.Count("log-push"); n != 0 {
+		t.Fatalf("the tab received %d log-push frames for a refused narration", n)
+	}
+	// Audit entries are written in order, off the request path: once the
+	// allowed call's entry is there, any entry of the refused ones is too.
+	if _, err := b.WaitAudit(ctxT(t), func(e audit.Entry) bool { return e.Event == audit.EventMsgDispatched }); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range b.AuditEntries() {
+		switch e.Event {
+		case audit.EventMsgDispatched:
+			n++
+		case audit.EventMsgBlocked, audit.EventConfirmProposed:
+			t.Fatalf("a refused call was audited as %s: %+v", e.Event, e)
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d msg-dispatched entries, want 1 (the allowed call)", n)
 	}
 }

@@ -211,10 +211,16 @@ func TestClusterApprovalsAndTakeover(t *testing.T) {
 	if st != 200 || body["status"] != "confirmed" {
 		t.Fatalf("confirm-result via A = %d %v", st, body)
 	}
-	rec, err := b.Lapd.Tokens().Get(ctx, sess.TID)
-	if err != nil || rec.Status != "active" {
-		t.Fatalf("record after takeover = %+v, %v (the old node must not mark it pending-resume)", rec, err)
-	}
+	// The second socket left the record awaiting-claude (as the reference
+	// does) and A's calls activated it; B's copy follows A's write through
+	// the bucket's watch.
+	waitUntil(t, "the record active on B", func() bool {
+		rec, err := b.Lapd.Tokens().Get(ctx, sess.TID)
+		if err == nil && rec.Status == "pending-resume" {
+			t.Fatalf("record after takeover = %+v: the old node marked it pending-resume", rec)
+		}
+		return err == nil && rec.Status == "active"
+	})
 }
 
 // The tab's node goes away: calls elsewhere answer paused, not an error,

@@ -3,6 +3,8 @@ package confirm
 import (
 	"context"
 	"time"
+
+	"github.com/lapd-dev/lapd/internal/storeerr"
 )
 
 // A Manager over a SharedStore (several lapd processes, one NATS bucket)
@@ -16,7 +18,9 @@ import (
 //     (a timer on every node) settle an approval with compare-and-set in
 //     the store: the first answer stored stands, on every node. Only the
 //     node whose expiry won calls OnExpire, so the tab is told and the
-//     expiry audited once.
+//     expiry audited once. An answer the store did not take (NATS not
+//     answering) stands on this node and is sent again every 2 s until
+//     it lands (answerLaterLocked).
 //   - An answer for an id this node has not seen proposed is parked for
 //     parkTTL (at most MaxParkedPerTID per tid), whether or not an Expect
 //     is held here: the proposal may be on its way from the node that
@@ -91,21 +95,22 @@ func (m *Manager) follow(p Pending, deleted bool) {
 }
 
 // fetchShared reads tid/id from the shared store when this node does not
-// hold it and applies it; it reports whether it found it.
-func (m *Manager) fetchShared(ctx context.Context, tid, id string) bool {
+// hold it and applies it; it reports whether it found it, and the store's
+// error when it could not read it.
+func (m *Manager) fetchShared(ctx context.Context, tid, id string) (bool, error) {
 	m.mu.Lock()
 	ts := m.tids[tid]
 	known := ts != nil && (ts.pending[id] != nil || ts.kept[id] != nil)
 	m.mu.Unlock()
 	if known {
-		return false
+		return false, nil
 	}
 	p, ok, err := m.shared.Get(ctx, tid, id)
 	if err != nil || !ok {
-		return false
+		return false, err
 	}
 	m.follow(p, false)
-	return true
+	return true, nil
 }
 
 // settleLocked decides the answer that stands for e: r itself on a single
@@ -124,12 +129,69 @@ func (m *Manager) settleLocked(ctx context.Context, e *entry, r Resolution) (Res
 	stands, won, ok, err := m.shared.Answer(ctx, p)
 	if err != nil {
 		m.log.Warn("confirm: record the answer in the shared store", "tid", e.key.tid, "confirmId", e.key.id, "err", err)
+		if storeerr.Unavailable(err) {
+			// This node keeps r; the others learn it when it lands.
+			until := m.now().Add(m.cfg.Keep)
+			if exp := time.UnixMilli(p.ExpiresAt); exp.After(until) {
+				until = exp
+			}
+			m.answerLaterLocked(p, until)
+		}
 		return r, true
 	}
 	if !ok { // not in the store (its write failed, or it was dropped): this node's answer
 		return r, true
 	}
 	return stands, won
+}
+
+// answerRetry is how long an answer the shared store did not take waits
+// before it is sent again.
+const answerRetry = 2 * time.Second
+
+// answerLaterLocked sends p's answer (p.Outcome) to the shared store again
+// in answerRetry, and again while the store does not answer, until until
+// (the approval's expiry or the keep window, whichever is later), or Close.
+// Without it, an answer this node recorded while NATS could not be reached
+// (the human's click on the node that holds the tab) would stay on this
+// node: a /message or /confirm-result waiting on another node would see the
+// approval expire instead. Compare-and-set still decides: if another answer
+// was stored first (another node's expiry), that one stands there. Caller
+// holds mu.
+func (m *Manager) answerLaterLocked(p Pending, until time.Time) {
+	if m.closed {
+		return
+	}
+	if m.retries == nil {
+		m.retries = make(map[*time.Timer]struct{})
+	}
+	m.timers.Add(1)
+	var t *time.Timer
+	t = time.AfterFunc(answerRetry, func() {
+		defer m.timers.Done()
+		<-m.ready
+		m.mu.Lock()
+		delete(m.retries, t)
+		closed := m.closed
+		m.mu.Unlock()
+		if closed {
+			return
+		}
+		ctx, cancel := context.WithTimeout(m.stop, storeTimeout)
+		_, won, ok, err := m.shared.Answer(ctx, p)
+		cancel()
+		switch {
+		case storeerr.Unavailable(err) && m.now().Before(until):
+			m.mu.Lock()
+			m.answerLaterLocked(p, until)
+			m.mu.Unlock()
+		case err != nil:
+			m.log.Warn("confirm: gave up recording the answer in the shared store", "tid", p.TID, "confirmId", p.ConfirmID, "err", err)
+		case ok && !won:
+			m.log.Info("confirm: another answer was stored first", "tid", p.TID, "confirmId", p.ConfirmID)
+		}
+	})
+	m.retries[t] = struct{}{}
 }
 
 // parkSharedLocked parks an early answer in a cluster. Caller holds mu.

@@ -72,6 +72,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/lapd-dev/lapd/internal/storeerr"
 )
 
 // ErrUnknown: no pending approval or kept resolution with that id for that tid.
@@ -242,8 +244,11 @@ type Manager struct {
 
 	// shared is Config.Store when other processes share it (a cluster):
 	// see SharedStore and cluster.go.
-	shared SharedStore
-	parked *list.List // of parkedAnswer, oldest first (shared stores only)
+	shared  SharedStore
+	parked  *list.List               // of parkedAnswer, oldest first (shared stores only)
+	retries map[*time.Timer]struct{} // answers waiting to be sent to the shared store again (guarded by mu)
+	stop    context.Context          // cancelled by Close: ends a store call made from a timer
+	cancel  context.CancelFunc
 }
 
 // maxUnnotified bounds the expiries kept for a hook set later.
@@ -279,6 +284,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		onExpire: cfg.OnExpire,
 		parked:   list.New(),
 	}
+	m.stop, m.cancel = context.WithCancel(context.Background())
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
 	}
@@ -428,7 +434,10 @@ func keptSize(id string, r Resolution) int {
 // variant or payload, ErrTooManyPending past MaxPendingPerTID or the
 // pending byte budgets (and then keeps the id answered rejected with reason
 // too-many-pending, so proposing it again returns nil and Wait that answer),
-// and the Store's error if persisting fails.
+// and the Store's error if persisting fails. Then nothing is recorded (an
+// answer parked for the id stays parked for a retry) and the caller should
+// take the approval back from the tab; storeerr.Unavailable tells a store
+// that did not answer (retry in a few seconds) from one that refused.
 func (m *Manager) Propose(ctx context.Context, p Pending) error {
 	if !validID(p.TID) || !validID(p.ConfirmID) {
 		return fmt.Errorf("confirm: tid and confirmId must be 1..%d bytes", MaxIDLen)
@@ -537,7 +546,7 @@ func (m *Manager) Resolve(ctx context.Context, tid, confirmID string, r Resoluti
 		return Pending{}, false
 	}
 	if m.shared != nil {
-		m.fetchShared(ctx, tid, confirmID)
+		_, _ = m.fetchShared(ctx, tid, confirmID) // not read: parked below, the watch brings it
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -782,7 +791,11 @@ func (m *Manager) SetOnExpire(f func(Pending)) {
 // Wait blocks until tid/confirmID is resolved (returning at once if it
 // already was, within Keep) or ctx is done (ctx.Err()). ErrUnknown if the id
 // is neither pending nor resolved, or if it is dropped while waiting;
-// ErrClosed if the Manager closes while waiting.
+// ErrClosed if the Manager closes while waiting. On a shared store (a
+// cluster), an id this node does not hold is read from the store: if the
+// store did not answer (storeerr.Unavailable: NATS electing a leader or
+// unreachable) while ctx still ran, Wait returns that error, wrapped, rather
+// than ErrUnknown: the id may well exist, and the caller should retry.
 func (m *Manager) Wait(ctx context.Context, tid, confirmID string) (Resolution, error) {
 	return m.wait(ctx, tid, confirmID, m.shared != nil)
 }
@@ -802,8 +815,14 @@ func (m *Manager) wait(ctx context.Context, tid, confirmID string, fetch bool) (
 		}
 	}
 	m.mu.Unlock()
-	if e == nil && fetch && m.fetchShared(ctx, tid, confirmID) {
-		return m.wait(ctx, tid, confirmID, false)
+	if e == nil && fetch {
+		found, err := m.fetchShared(ctx, tid, confirmID)
+		if found {
+			return m.wait(ctx, tid, confirmID, false)
+		}
+		if storeerr.Unavailable(err) && ctx.Err() == nil {
+			return Resolution{}, fmt.Errorf("confirm: read approval %s from the shared store: %w", confirmID, err)
+		}
 	}
 	if e == nil {
 		return Resolution{}, ErrUnknown
@@ -906,8 +925,13 @@ func (m *Manager) Close() error {
 		return nil
 	}
 	m.closed = true
+	m.cancel()
 	m.stopTimer(m.sweep)
 	m.sweep = nil
+	for t := range m.retries {
+		m.stopTimer(t)
+	}
+	m.retries = nil
 	for _, ts := range m.tids {
 		for _, e := range ts.pending {
 			m.stopTimer(e.timer)

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/lapd-dev/lapd/tokens"
+	"github.com/lapd-dev/lapd/internal/storeerr"
 )
 
 // Wire error codes (LAP v2 plus lapd's additions).
@@ -30,19 +30,24 @@ const (
 	CodeShuttingDown     = "shutting-down"
 	CodeForbiddenOrigin  = "forbidden-origin"
 	CodeConflict         = "conflict"
-	CodeUnavailable      = "unavailable" // lapd's: the token store did not answer (503, Retry-After)
+	CodeUnavailable      = "unavailable" // lapd's: a store (tokens, approvals) did not answer (503, Retry-After)
 )
 
 // storeErr answers a token-store failure: 503 unavailable with Retry-After
-// when the store did not answer (tokens.Unavailable: in a cluster, NATS
+// when the store did not answer (storeerr.Unavailable: in a cluster, NATS
 // electing a stream leader or unreachable) and the caller is still there,
 // else 500 internal with what.
 func storeErr(ctx context.Context, err error, what string) *apiError {
-	if tokens.Unavailable(err) && ctx.Err() == nil {
-		return &apiError{status: http.StatusServiceUnavailable, code: CodeUnavailable, retryAfter: 2000,
-			detail: "the session store did not answer (in a cluster: NATS is electing a leader or cannot be reached); retry in a few seconds"}
+	if storeerr.Unavailable(err) && ctx.Err() == nil {
+		return unavailable("the session store did not answer (in a cluster: NATS is electing a leader or cannot be reached); retry in a few seconds")
 	}
 	return errf(http.StatusInternalServerError, CodeInternal, what)
+}
+
+// unavailable is the 503 for a store that did not answer (token store,
+// approvals store): retry in storeerr.RetryAfterMs.
+func unavailable(detail string) *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, code: CodeUnavailable, retryAfter: storeerr.RetryAfterMs, detail: detail}
 }
 
 // apiError is an error response: status plus the envelope fields and headers.

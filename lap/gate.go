@@ -44,15 +44,19 @@ type call struct {
 
 // admitLater are the routes whose first forwarded operation may carry the
 // gate's admit (paired? + the per-tid rate limit) in a cluster, saving a
-// NATS round trip: each does nothing before its first Call/CallReply that
-// a call refused by the rate limit must not do (no idempotency key, no
-// approval, no push, no audit outcome, no touch), so a refusal there is as
-// if the gate had refused. The other routes (/message, /would-dispatch,
-// /narrate, /wait, /confirm-result, /recent-actions) ask the tab's node
-// first, as on one node.
+// round trip: each does nothing before its first Call/CallReply that a call
+// refused by the rate limit must not do (no idempotency key, no approval,
+// no push, no audit outcome, no touch), so a refusal there is as if the
+// gate had refused. /message and /would-dispatch settle the admit
+// themselves (call.admitNow) before auditing a policy rejection, the one
+// such effect they may have before their call (an idempotency key is
+// dropped again when its call is refused). /narrate's one push carries it
+// (Registry.PushLog). The other routes (/wait, /confirm-result,
+// /recent-actions) ask the tab's node first, as on one node.
 var admitLater = map[string]bool{
 	"/describe": true, "/observe": true, "/state": true, "/query-state": true,
 	"/actions": true, "/describe-visible": true, "/context": true, "/query-dom": true,
+	"/message": true, "/would-dispatch": true, "/narrate": true,
 }
 
 // lapHandler answers a gated call: a value to write as JSON (json.RawMessage
@@ -191,6 +195,17 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		_ = s.cfg.Tokens.Touch(c.ctx, c.tid)
 	}
 	return nil, nil
+}
+
+// admitNow settles a deferred admit before a route's first effect that a
+// refused call must not have (an outcome audited): the route's call then
+// makes no admit of its own. Without a
+// deferred admit (one node, or the gate asked first) it does nothing.
+func (c *call) admitNow() *apiError {
+	if !c.deferred {
+		return nil
+	}
+	return c.settleAdmit()
 }
 
 // settleAdmit runs a deferred admit that no forwarded call carried (the

@@ -273,8 +273,9 @@ func routeNarrate(c *call) (any, *apiError) {
 	_, _ = rand.Read(rnd[:])
 	id := "narrate-" + strconv.FormatInt(now, 10) + "-" + hex.EncodeToString(rnd[:])
 	entry := map[string]any{"id": id, "at": now, "kind": "narrate", "intent": intent, "detail": text}
-	c.s.cfg.Registry.ExpectLog(c.tid, id) // the tab echoes it: the route's lap-call covers it
-	if err := c.s.cfg.Registry.Push(c.tid, map[string]any{"t": "log-push", "entry": entry}); err != nil {
+	// The tab echoes the entry: the route's lap-call covers it. One request
+	// to the tab's node in a cluster, carrying the gate's admit.
+	if err := c.s.cfg.Registry.PushLog(c.ctx, c.tid, id, map[string]any{"t": "log-push", "entry": entry}); err != nil {
 		return nil, c.rpcErr(err)
 	}
 	c.audit = map[string]any{"tool": "narrate"}

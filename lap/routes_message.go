@@ -11,6 +11,7 @@ import (
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/confirm"
 	"github.com/lapd-dev/lapd/internal/jsonscan"
+	"github.com/lapd-dev/lapd/internal/storeerr"
 	"github.com/lapd-dev/lapd/schema"
 )
 
@@ -73,6 +74,9 @@ func (c *call) checkPolicy(sm splitMsg) (*schema.Rejection, *schema.Policy, *api
 		rej = pol.Check(sm.msg) // the tab sent a new policy meanwhile
 	}
 	if rej != nil {
+		if ae := c.admitNow(); ae != nil {
+			return nil, nil, ae
+		}
 		c.auditOutcome(audit.EventMsgBlocked, map[string]any{"variant": variant, "status": "rejected", "reason": rej.Reason, "source": "server-policy"})
 		return rej, pol, nil
 	}
@@ -96,6 +100,8 @@ func routeMessage(c *call) (any, *apiError) {
 	if key == "" {
 		return run()
 	}
+	// A deferred admit may travel with the call inside do: a refusal is
+	// not in doubt, so do drops the key as if it had never run.
 	return c.s.idem.do(c.ctx, c.tid, key, run)
 }
 
@@ -152,25 +158,64 @@ func (c *call) message(b *messageBody, sm splitMsg, reason, key string) (any, *a
 		}
 	}
 	if err := c.s.cfg.Confirm.Propose(context.WithoutCancel(c.ctx), p); err != nil {
-		switch {
-		case errors.Is(err, confirm.ErrDuplicate):
+		if errors.Is(err, confirm.ErrDuplicate) {
 			// The tab reused an id still pending for another action: the
 			// pending one stands; this one is not recorded.
 			return nil, errf(http.StatusConflict, CodeConflict, "the app answered with approval id "+out.ConfirmID+", already waiting for another action; ask the user to answer it in the app (or reload the app), then try again")
+		}
+		// The tab shows an approval lapd could not record: take it back, so
+		// the human is not asked something nobody waits for (an answer
+		// would be dropped, the action run for nothing).
+		why := "internal"
+		switch {
 		case errors.Is(err, confirm.ErrTooManyPending):
-			// The tab shows an approval lapd cannot record: take it back.
-			_ = c.s.cfg.Registry.Push(c.tid, map[string]any{"t": "confirm-expire", "confirmId": out.ConfirmID, "reason": "too-many-pending"})
+			why = "too-many-pending"
+		case storeerr.Unavailable(err):
+			why = CodeUnavailable
+		case errors.Is(err, confirm.ErrClosed):
+			why = CodeShuttingDown
+		}
+		_ = c.s.cfg.Registry.Push(c.tid, map[string]any{"t": "confirm-expire", "confirmId": out.ConfirmID, "reason": why})
+		switch why {
+		case "too-many-pending":
 			return nil, errf(http.StatusTooManyRequests, CodeRateLimited, "too many approvals are waiting in this session; ask the user to answer them in the app first, then send the action again (a retry of this same call answers rejected, reason too-many-pending)")
+		case CodeUnavailable:
+			// Not kept as refused (unlike too-many-pending): a retry with
+			// the same idempotencyKey gets the same confirmId from the tab,
+			// records it and shows it again (resyncApproval below).
+			return nil, unavailable("lapd could not record the approval (the approvals store did not answer: in a cluster, NATS is electing a leader or cannot be reached); the app withdrew it; retry in a few seconds (with the same idempotencyKey, the app shows the same approval again)")
+		case CodeShuttingDown:
+			return nil, errShuttingDown
 		}
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "recording the approval: "+err.Error())
 	}
 	release()
+	if key != "" {
+		// A retry may have recorded an approval the tab took back above.
+		c.resyncApproval(out.ConfirmID)
+	}
 	c.auditOutcome(audit.EventConfirmProposed, map[string]any{"variant": variant, "confirmId": out.ConfirmID})
 	body, done := c.awaitConfirm(out.ConfirmID, variant, timeoutMs(b.ApprovalTimeoutMs, wait))
 	if !done {
 		return map[string]any{"status": "pending-confirmation", "confirmId": out.ConfirmID}, nil
 	}
 	return body, nil
+}
+
+// resyncApproval sends the tab confirm-sync with approval id if it is
+// pending. After a /message whose Propose failed (confirm-expire took the
+// approval back), its retry with the same idempotencyKey gets the same
+// confirmId from the tab's memory, without the tab proposing it again:
+// this shows it to the human again. A tab that holds the approval ignores
+// the frame; one that answered it already sends its answer again (the
+// first answer stands).
+func (c *call) resyncApproval(id string) {
+	for _, p := range c.s.cfg.Confirm.PendingFor(c.tid) {
+		if p.ConfirmID == id {
+			_ = c.s.cfg.Registry.Push(c.tid, map[string]any{"t": "confirm-sync", "pending": []confirm.Pending{p}})
+			return
+		}
+	}
 }
 
 // awaitConfirm long-polls an approval; done=false when it is still pending.
@@ -224,6 +269,11 @@ func routeConfirmResult(c *call) (any, *apiError) {
 	if err != nil {
 		if c.ctx.Err() != nil {
 			return nil, errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled")
+		}
+		if ctx.Err() == nil && storeerr.Unavailable(err) {
+			// This node does not hold the id and the cluster's store did
+			// not answer: it may exist, so not "unknown confirmId".
+			return nil, unavailable("lapd could not read the approval (the approvals store did not answer: in a cluster, NATS is electing a leader or cannot be reached); retry in a few seconds")
 		}
 		return json.RawMessage(`{"status":"still-pending"}`), nil
 	}

@@ -49,8 +49,10 @@
 // Tab.Approve/Reject directly, e.g. after send_message returned
 // pending-confirmation). Approve applies the msg and sends confirm-resolved
 // {outcome:"confirmed", stateAfter}; Reject sends {outcome:
-// "user-cancelled"}. Approvals lapd re-delivers after a reconnect
-// (confirm-sync) are adopted as lapd.js does. SetState changes the state as the human
+// "user-cancelled"}. Approvals lapd re-delivers (confirm-sync: after a
+// reconnect, or after a /message retried with its idempotencyKey) are
+// adopted as lapd.js does; one this tab answered already is answered
+// again, not shown again. SetState changes the state as the human
 // would, answering open watches with state-update frames. Every frame the
 // server sent is recorded: Next, WaitFor, Frames and Count read them, Done
 // and CloseStatus tell how the connection ended. Abort and Kill drop the

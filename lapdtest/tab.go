@@ -222,9 +222,11 @@ type Tab struct {
 	notify   chan struct{} // closed and replaced on every new frame
 	watches  map[string]string
 	pending  map[string]pendingConfirm
-	proposed []string       // confirmIds in the order the tab proposed them
-	confCur  int            // WaitConfirm's cursor into proposed
-	idem     map[string]any // send_message results by idempotencyKey
+	proposed []string                  // confirmIds in the order the tab proposed them
+	confCur  int                       // WaitConfirm's cursor into proposed
+	idem     map[string]any            // send_message results by idempotencyKey
+	answered map[string]map[string]any // confirmId → the confirm-resolved frame sent (last maxAnswered)
+	ansOrder []string                  // answered's keys, oldest first
 	rpcCount map[string]int
 	readErr  error
 
@@ -319,6 +321,7 @@ func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error
 		notify:   make(chan struct{}),
 		watches:  map[string]string{},
 		pending:  map[string]pendingConfirm{},
+		answered: map[string]map[string]any{},
 		idem:     map[string]any{},
 		rpcCount: map[string]int{},
 		done:     make(chan struct{}),
@@ -484,6 +487,16 @@ func (t *Tab) syncConfirms(frame []byte) {
 			continue
 		}
 		if _, ok := t.pending[p.ConfirmID]; ok {
+			continue
+		}
+		if a, ok := t.answered[p.ConfirmID]; ok {
+			// Answered here, still pending there: the answer was lost on
+			// the way, or crossed this frame. Answer again, do not show it.
+			t.wg.Add(1)
+			go func() {
+				defer t.wg.Done()
+				t.sendBG(a)
+			}()
 			continue
 		}
 		msg := map[string]any{}
@@ -673,16 +686,37 @@ func (t *Tab) Approve(ctx context.Context, confirmID string) error {
 		}
 	}
 	st, _ := deepCopy(t.state)
+	f := map[string]any{"t": "confirm-resolved", "confirmId": confirmID, "outcome": "confirmed", "stateAfter": st}
+	t.answeredLocked(confirmID, f)
 	t.mu.Unlock()
-	return t.Send(ctx, map[string]any{"t": "confirm-resolved", "confirmId": confirmID, "outcome": "confirmed", "stateAfter": st})
+	return t.Send(ctx, f)
 }
 
 // Reject sends confirm-resolved {outcome:"user-cancelled"}.
 func (t *Tab) Reject(ctx context.Context, confirmID string) error {
+	f := map[string]any{"t": "confirm-resolved", "confirmId": confirmID, "outcome": "user-cancelled"}
 	t.mu.Lock()
 	delete(t.pending, confirmID)
+	t.answeredLocked(confirmID, f)
 	t.mu.Unlock()
-	return t.Send(ctx, map[string]any{"t": "confirm-resolved", "confirmId": confirmID, "outcome": "user-cancelled"})
+	return t.Send(ctx, f)
+}
+
+// maxAnswered is how many answers a tab remembers (lapd.js: 100).
+const maxAnswered = 100
+
+// answeredLocked remembers the answer f to confirmID, as lapd.js does, so
+// a confirm-sync that still lists it is answered again instead of shown
+// again. t.mu held.
+func (t *Tab) answeredLocked(confirmID string, f map[string]any) {
+	if _, ok := t.answered[confirmID]; !ok {
+		t.ansOrder = append(t.ansOrder, confirmID)
+	}
+	t.answered[confirmID] = f
+	for len(t.ansOrder) > maxAnswered {
+		delete(t.answered, t.ansOrder[0])
+		t.ansOrder = t.ansOrder[1:]
+	}
 }
 
 // apply runs the reducer on a copy of the state; t.mu held.

@@ -79,8 +79,9 @@
 // and approvalTimeoutMs, + 2 s, per message; get_confirm_result and
 // wait_for_change: their timeoutMs + 2 s) the executor retries a 503 paused
 // with reconnect=pending (polling at least every 2 s: its Retry-After is
-// what is left of the grace window) and a 429 after Retry-After (send_message only
-// within timeoutMs + 2 s), re-sending the same body, so every message keeps
+// what is left of the grace window), a 429 and a 503 unavailable (a store
+// that did not answer) after Retry-After (send_message only within
+// timeoutMs + 2 s), re-sending the same body, so every message keeps
 // its idempotency key (one is generated when the model gives none, and
 // returned when a call fails). While it waits it sends
 // notifications/progress about once a second if the request carried a
@@ -96,7 +97,12 @@
 // so it gets no default: it passes the handle, which is the capability.
 // Bindings: 256 in all, 16 per caller, 8 per token (LRU evicted), 30 min idle
 // expiry; expiry is lazy, so the table starts no goroutines. Tokens are kept
-// in memory only and never logged (logs name a token by a hash prefix).
+// in memory only and never logged (logs name a token by a hash prefix). In
+// a cluster a binding is also kept in the cluster's bucket, so its handle
+// works on every node; while that bucket does not answer, connect_session
+// and a call with a handle bound elsewhere wait 2 s and try again (as for a
+// 503 unavailable, up to MaxRetries within the 20 s read budget), then fail
+// with code unavailable ("temporary: retry in 2 s"), never unknown-session.
 //
 // # HTTP endpoint bounds (defaults, after the reference)
 //

@@ -8,6 +8,7 @@ import (
 
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/lapd-dev/lapd/internal/storeerr"
 	"github.com/lapd-dev/lapd/lap"
 )
 
@@ -106,7 +107,7 @@ func fromLAP(err error, base string) *toolError {
 	case "rate-limited":
 		e.Hint = fmt.Sprintf("too many calls; wait %d s before the next one.", seconds(le.RetryAfter))
 	case lap.CodeUnavailable:
-		e.Hint = fmt.Sprintf("lapd's session store did not answer (a cluster electing a leader, or NATS unreachable); retry in %d s.", seconds(le.RetryAfter))
+		e.Hint = unavailableHint(le.RetryAfter)
 	case "timeout":
 		e.Hint = "the app did not answer in time; call observe to see the current state before trying again."
 	case "schema-error", "invalid":
@@ -129,9 +130,23 @@ func fromLAP(err error, base string) *toolError {
 	return e
 }
 
+// storeUnavailable says why a call waits or failed when one of lapd's
+// stores (tokens, approvals, MCP session bindings) did not answer.
+const storeUnavailable = "lapd's session store did not answer"
+
+// unavailableHint is the hint of an unavailable error (LAP 503, or the
+// bindings store): temporary, retry after d.
+func unavailableHint(d time.Duration) string {
+	return fmt.Sprintf("%s (a cluster electing a leader, or NATS unreachable); this is temporary: retry in %d s.", storeUnavailable, seconds(d))
+}
+
 // bindingError maps a Bindings lookup failure.
 func bindingError(err error, handle string, visible []BindingSummary) *toolError {
 	switch {
+	case errors.Is(err, ErrBindingsUnavailable):
+		// The same code and shape as LAP's 503 unavailable (fromLAP).
+		d := storeerr.RetryAfterMs * time.Millisecond
+		return &toolError{Code: lap.CodeUnavailable, Hint: unavailableHint(d), RetryAfter: d}
 	case errors.Is(err, ErrUnbound):
 		return &toolError{Code: CodeUnbound, Hint: "no app is connected; call connect_session with the line the user copied from the app's \"Connect an AI\" panel (ask them for it if you do not have it)."}
 	case errors.Is(err, ErrAmbiguous):

@@ -16,6 +16,7 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
 
+	"github.com/lapd-dev/lapd/internal/storeerr"
 	"github.com/lapd-dev/lapd/lap"
 )
 
@@ -360,10 +361,10 @@ func (e *Executor) handle(ctx context.Context, d toolDef, req mcpgo.CallToolRequ
 	case "connect_session":
 		res, err = e.connect(ctx, a, p)
 	case "disconnect_session":
-		res, err = e.disconnect(ctx, a)
+		res, err = e.disconnect(ctx, a, p)
 	default:
 		var b Binding
-		b, err = e.resolve(ctx, a)
+		b, err = e.resolve(ctx, a, p)
 		if err != nil {
 			break
 		}
@@ -394,13 +395,40 @@ func (e *Executor) onNotify(ctx context.Context) func() {
 	return func() { e.notified(sid) }
 }
 
-func (e *Executor) resolve(ctx context.Context, a args) (Binding, error) {
+func (e *Executor) resolve(ctx context.Context, a args, p *progress) (Binding, error) {
 	handle := a.str("session")
-	b, vis, err := e.bindings.Resolve(e.scope(ctx), handle)
+	var b Binding
+	var vis []BindingSummary
+	err := e.retryBindings(ctx, p, func() (err error) {
+		b, vis, err = e.bindings.Resolve(e.scope(ctx), handle)
+		return err
+	})
 	if err != nil {
 		return Binding{}, bindingError(err, handle, vis)
 	}
 	return b, nil
+}
+
+// retryBindings runs f, a Bindings call, again while the cluster's bindings
+// store does not answer (ErrBindingsUnavailable), as attempts retries a LAP
+// 503 unavailable: after storeerr.RetryAfterMs, at most MaxRetries times,
+// within the Read budget.
+func (e *Executor) retryBindings(ctx context.Context, p *progress, f func() error) error {
+	wait := storeerr.RetryAfterMs * time.Millisecond
+	deadline := time.Now().Add(e.cfg.Budgets.Read)
+	for attempt := 0; ; attempt++ {
+		err := f()
+		if !errors.Is(err, ErrBindingsUnavailable) || attempt >= e.cfg.MaxRetries || time.Until(deadline) < wait {
+			return err
+		}
+		e.log.Debug("mcp: retrying a session lookup", "err", err, "wait", wait, "attempt", attempt+1)
+		p.Set(fmt.Sprintf("%s; retrying in %d s…", storeUnavailable, seconds(wait)))
+		select {
+		case <-ctx.Done():
+			return err
+		case <-e.cfg.After(wait):
+		}
+	}
 }
 
 func (e *Executor) budget(d toolDef, a args) time.Duration {
@@ -506,7 +534,7 @@ func retryable(le *lap.Error) (time.Duration, string, bool) {
 	case le.Code == "rate-limited" && le.RetryAfter > 0:
 		return le.RetryAfter, "rate limited by lapd", true
 	case le.Code == lap.CodeUnavailable && le.RetryAfter > 0:
-		return le.RetryAfter, "lapd's session store did not answer", true
+		return le.RetryAfter, storeUnavailable, true
 	}
 	return 0, "", false
 }
@@ -567,16 +595,22 @@ func (e *Executor) connect(ctx context.Context, a args, p *progress) (*mcpgo.Cal
 		return nil, invalidArgs("no agt_… token given; pass the whole connect line the user copied from the app")
 	}
 	scope := e.scope(ctx)
-	b := e.bindings.Bind(scope, base, token)
+	var b Binding
+	if err := e.retryBindings(ctx, p, func() (err error) {
+		b, err = e.bindings.Bind(scope, base, token)
+		return err
+	}); err != nil {
+		return nil, bindingError(err, "", nil)
+	}
 	p.Set("connecting to the app…")
 	raw, err := e.call(ctx, b, "/observe", nil, e.cfg.Budgets.Read, p)
 	if err != nil {
-		e.bindings.Remove(b.Handle)
+		_, _ = e.bindings.Remove(b.Handle) // if the store does not answer, the handle nobody was given expires there
 		return nil, err
 	}
 	ob, ok := parseObservation(raw, Binding{})
 	if !ok {
-		e.bindings.Remove(b.Handle)
+		_, _ = e.bindings.Remove(b.Handle)
 		return nil, errUnexpected
 	}
 	e.bindings.Update(b.Handle, func(b *Binding) {
@@ -613,16 +647,32 @@ func (e *Executor) readHint() string {
 	return "observe returns them"
 }
 
-func (e *Executor) disconnect(ctx context.Context, a args) (*mcpgo.CallToolResult, error) {
-	b, vis, err := e.bindings.Resolve(e.scope(ctx), a.str("session"))
+func (e *Executor) disconnect(ctx context.Context, a args, p *progress) (*mcpgo.CallToolResult, error) {
+	handle, removed := a.str("session"), false
+	var vis []BindingSummary
+	err := e.retryBindings(ctx, p, func() (err error) {
+		var b Binding
+		b, vis, err = e.bindings.Resolve(e.scope(ctx), handle)
+		if err != nil {
+			if removed && errors.Is(err, ErrUnknownSession) {
+				return nil // the delete that timed out went through after all
+			}
+			return err
+		}
+		// Removed here at once; a retry (the cluster's store did not take
+		// the delete) names the handle, so Resolve adopts it back from the
+		// store and Remove deletes it there again.
+		handle, removed = b.Handle, true
+		_, err = e.bindings.Remove(b.Handle)
+		return err
+	})
 	if err != nil {
-		if errors.Is(err, ErrUnbound) || errors.Is(err, ErrUnknownSession) {
+		if !removed && (errors.Is(err, ErrUnbound) || errors.Is(err, ErrUnknownSession)) {
 			return structuredMap(map[string]any{"status": "not-connected", "session": a.str("session")}), nil
 		}
-		return nil, bindingError(err, a.str("session"), vis)
+		return nil, bindingError(err, handle, vis)
 	}
-	e.bindings.Remove(b.Handle)
-	return structuredMap(map[string]any{"status": "disconnected", "session": b.Handle}), nil
+	return structuredMap(map[string]any{"status": "disconnected", "session": handle}), nil
 }
 
 func structuredMap(v map[string]any) *mcpgo.CallToolResult {

@@ -7,9 +7,12 @@ import (
 	"encoding/base32"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/lapd-dev/lapd/internal/storeerr"
 )
 
 // Binding is one connected app session: where its LAP endpoint is and the
@@ -63,7 +66,13 @@ type BindingsConfig struct {
 // them. The handle is the capability: an implementation must not make the
 // token readable to whoever lacks the handle (lapd's encrypts it with a
 // key derived from the handle). Calls may block on the network; they are
-// never made with the table's lock held.
+// never made with the table's lock held. An error that says the store did
+// not answer (a NATS timeout, no responders, a connection down: see
+// internal/storeerr) makes the Bindings call fail with
+// ErrBindingsUnavailable, which the executor retries after 2 s and
+// otherwise reports as "unavailable, retry in 2 s"; other errors are
+// treated as before (Put: the handle works on this node only; Get: the
+// handle is unknown; Delete: ignored).
 type SharedBindings interface {
 	Put(ctx context.Context, handle, base, token string) error
 	Get(ctx context.Context, handle string) (base, token string, ok bool, err error)
@@ -80,6 +89,10 @@ var (
 	ErrAmbiguous       = errors.New("mcp: several app sessions are connected; pass session")
 	ErrUnknownSession  = errors.New("mcp: unknown or expired session handle")
 	ErrSessionRequired = errors.New("mcp: this client has no MCP session; pass session")
+	// ErrBindingsUnavailable: the cluster's bindings store (Shared) did
+	// not answer; the same call may succeed in a few seconds. The store's
+	// error is wrapped with it.
+	ErrBindingsUnavailable = errors.New("mcp: the cluster's session store did not answer")
 )
 
 // Bindings is the table of connected app sessions, keyed by handle. It is
@@ -131,15 +144,25 @@ func tokenKey(token string) string {
 // has a binding for the same base and token, that one is refreshed and its
 // handle kept (connect_session is idempotent). Bounds are enforced by evicting
 // the least recently used binding of the same token, then of the same scope,
-// then of the whole table.
-func (t *Bindings) Bind(scope, base, token string) Binding {
+// then of the whole table. With Shared set, a new binding is stored there
+// too; if the store does not answer, the binding is dropped again and Bind
+// returns ErrBindingsUnavailable (a handle that works on this node only
+// would fail on the next call that reaches another one).
+func (t *Bindings) Bind(scope, base, token string) (Binding, error) {
 	b, fresh := t.bind(scope, base, token)
 	if fresh && t.cfg.Shared != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), sharedTimeout)
-		_ = t.cfg.Shared.Put(ctx, b.Handle, b.Base, b.Token) // without it the handle works on this node only
+		err := t.cfg.Shared.Put(ctx, b.Handle, b.Base, b.Token)
 		cancel()
+		if storeerr.Unavailable(err) {
+			t.mu.Lock()
+			delete(t.m, b.Handle)
+			t.mu.Unlock()
+			return Binding{}, fmt.Errorf("%w: %w", ErrBindingsUnavailable, err)
+		}
+		// Another error: without it the handle works on this node only.
 	}
-	return b
+	return b, nil
 }
 
 func (t *Bindings) bind(scope, base, token string) (Binding, bool) {
@@ -205,6 +228,9 @@ func (t *Bindings) Resolve(scope, handle string) (Binding, []BindingSummary, err
 	ctx, cancel := context.WithTimeout(context.Background(), sharedTimeout)
 	base, token, ok, serr := t.cfg.Shared.Get(ctx, handle)
 	cancel()
+	if storeerr.Unavailable(serr) {
+		return b, vis, fmt.Errorf("%w: %w", ErrBindingsUnavailable, serr)
+	}
 	if serr != nil || !ok {
 		return b, vis, err
 	}
@@ -289,18 +315,24 @@ func (t *Bindings) Update(handle string, fn func(*Binding)) {
 	}
 }
 
-// Remove deletes one binding and reports whether it existed.
-func (t *Bindings) Remove(handle string) bool {
+// Remove deletes one binding and reports whether it existed. With Shared
+// set it is deleted there too; if the store does not answer, Remove
+// returns ErrBindingsUnavailable: the handle still works on the other
+// nodes, and removing it again (after Resolve adopts it back) finishes.
+func (t *Bindings) Remove(handle string) (bool, error) {
 	t.mu.Lock()
 	_, ok := t.m[handle]
 	delete(t.m, handle)
 	t.mu.Unlock()
 	if t.cfg.Shared != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), sharedTimeout)
-		_ = t.cfg.Shared.Delete(ctx, handle)
+		err := t.cfg.Shared.Delete(ctx, handle)
 		cancel()
+		if storeerr.Unavailable(err) {
+			return ok, fmt.Errorf("%w: %w", ErrBindingsUnavailable, err)
+		}
 	}
-	return ok
+	return ok, nil
 }
 
 // DropScope deletes every binding of scope (an MCP session that ended).

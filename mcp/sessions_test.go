@@ -73,23 +73,23 @@ func TestBindingsBounds(t *testing.T) {
 	b := NewBindings(BindingsConfig{MaxBindings: 3, MaxBindingsPerScope: 2, MaxBindingsPerToken: 1, IdleTTL: time.Minute, Now: clk.Now})
 
 	// Per token: a second scope with the same token evicts the first binding.
-	x := b.Bind("s1", base, tokA)
+	x := mustBind(t, b, "s1", base, tokA)
 	clk.add(time.Second)
-	y := b.Bind("s2", base, tokA)
+	y := mustBind(t, b, "s2", base, tokA)
 	if _, _, err := b.Resolve("", x.Handle); !errors.Is(err, ErrUnknownSession) {
 		t.Fatalf("per-token eviction: %v", err)
 	}
 	// Per scope: the LRU of the scope goes.
 	clk.add(time.Second)
-	t1 := b.Bind("s3", base, "agt_1111111111111111111")
+	t1 := mustBind(t, b, "s3", base, "agt_1111111111111111111")
 	clk.add(time.Second)
-	t2 := b.Bind("s3", base, "agt_2222222222222222222")
+	t2 := mustBind(t, b, "s3", base, "agt_2222222222222222222")
 	clk.add(time.Second)
 	if _, _, err := b.Resolve("", t1.Handle); err != nil { // touch t1
 		t.Fatal(err)
 	}
 	clk.add(time.Second)
-	b.Bind("s3", base, "agt_3333333333333333333")
+	mustBind(t, b, "s3", base, "agt_3333333333333333333")
 	if _, _, err := b.Resolve("", t2.Handle); !errors.Is(err, ErrUnknownSession) {
 		t.Fatalf("scope LRU eviction kept t2: %v", err)
 	}
@@ -98,7 +98,7 @@ func TestBindingsBounds(t *testing.T) {
 	}
 	// Whole table: y is the LRU overall.
 	clk.add(time.Second)
-	b.Bind("s4", base, "agt_4444444444444444444")
+	mustBind(t, b, "s4", base, "agt_4444444444444444444")
 	if _, _, err := b.Resolve("", y.Handle); !errors.Is(err, ErrUnknownSession) {
 		t.Fatalf("table LRU eviction kept y: %v", err)
 	}
@@ -108,7 +108,7 @@ func TestBindingsBounds(t *testing.T) {
 		t.Fatalf("idle bindings survived: %d", b.Len())
 	}
 	// Scope "" never defaults.
-	z := b.Bind("", base, tokB)
+	z := mustBind(t, b, "", base, tokB)
 	if _, _, err := b.Resolve("", ""); !errors.Is(err, ErrSessionRequired) {
 		t.Fatalf("modern default: %v", err)
 	}
@@ -168,4 +168,13 @@ func TestServeStdioCancel(t *testing.T) {
 		t.Fatalf("ServeStdio after cancel: %v", err)
 	}
 	inW.Close() // releases mcp-go's pending stdin read
+}
+
+func mustBind(t *testing.T, tbl *Bindings, scope, base, token string) Binding {
+	t.Helper()
+	b, err := tbl.Bind(scope, base, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

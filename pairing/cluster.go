@@ -39,6 +39,7 @@ import (
 //	push    a server→tab frame (log-push, confirm-expire, confirm-sync, active)
 //	log     the recent-log ring;  append  AppendLog;  health  Health
 //	expect  ExpectLog (the tab's echo of a log-push arrives at the owner)
+//	logpush PushLog (expect + push in one request)
 //	unregister  drop the tab (revoke)
 //
 // No responders means no node holds the tab: ErrPaused, as for a tab that is
@@ -566,6 +567,12 @@ func (r *Registry) admitHere(ctx context.Context, tid string) error {
 	return nil
 }
 
+// unknownOp begins the error detail of an owner asked an op it does not
+// serve (an older lapd); the requester sees errUnknownOp.
+const unknownOp = "unknown op "
+
+var errUnknownOp = errors.New("pairing: cluster: the tab's node does not serve this request (an older lapd)")
+
 func okReply(b []byte) []byte {
 	out := make([]byte, 0, len(b)+1)
 	return append(append(out, '0'), b...)
@@ -648,6 +655,9 @@ func decodeReply(b []byte) ([]byte, error) {
 		err = context.Canceled
 	default:
 		err = errors.New("pairing: cluster: " + w.Detail)
+		if strings.HasPrefix(w.Detail, unknownOp) {
+			err = errUnknownOp
+		}
 	}
 	if w.Sent {
 		err = inDoubt{err}
@@ -969,6 +979,25 @@ func (c *cluster) watch(ctx context.Context, tid, path string) (json.RawMessage,
 	return res, err
 }
 
+// pushLog is Registry.PushLog for a tab on another node: one request. An
+// owner that does not know the op (an older lapd during a rolling upgrade)
+// gets the two requests it knows, the admit having been carried by the
+// refused one.
+func (c *cluster) pushLog(ctx context.Context, tid, id string, frame []byte) error {
+	b := appendCallReq(nil, &callReq{Expect: id, Args: frame})
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := c.request(ctx, tid, "logpush", b)
+	if errors.Is(err, errUnknownOp) {
+		if b, err = json.Marshal(callReq{Expect: id}); err == nil {
+			if _, err = c.request(ctx, tid, "expect", b); err == nil {
+				_, err = c.request(ctx, tid, "push", frame)
+			}
+		}
+	}
+	return err
+}
+
 func (c *cluster) simple(tid, op string, data []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -1011,7 +1040,7 @@ func (c *cluster) handleNATS(m *nats.Msg) {
 // handlePeer serves a request that came on the peer link.
 func (c *cluster) handlePeer(pr *peerReq) {
 	body := pr.body // aliases the connection's pooled read buffer
-	if pr.op == "push" || pr.op == "append" {
+	if pr.op == "push" || pr.op == "append" || pr.op == "logpush" {
 		body = append([]byte(nil), body...) // kept past the request (send queue, log ring)
 	}
 	c.exec(pr.op, pr.tid, pr.admit, body, func(b []byte, err error, meta *replyMeta, notHere bool) {
@@ -1032,7 +1061,7 @@ func (c *cluster) handlePeer(pr *peerReq) {
 // ErrPaused) nothing done because the tab is not on this node. meta is set
 // on a payload when the request carried its admit (the requester keeps
 // "paired" fresh from it: see DeferAdmit). data may alias a buffer reused
-// after exec returns: only push and append keep it, and get a copy.
+// after exec returns: only push, logpush and append keep it, and get a copy.
 func (c *cluster) exec(op, tid string, admit bool, data []byte, ans func(b []byte, err error, meta *replyMeta, notHere bool)) {
 	c.served.Add(1)
 	r := c.r
@@ -1112,6 +1141,9 @@ func (c *cluster) exec(op, tid string, admit bool, data []byte, ans func(b []byt
 		respond(res, err)
 	case "push":
 		respond(nil, r.Push(tid, json.RawMessage(data)))
+	case "logpush":
+		r.ExpectLog(tid, req.Expect)
+		respond(nil, r.Push(tid, req.Args))
 	case "log":
 		b, _ := json.Marshal(r.RecentLog(tid, req.N, req.Kind))
 		respond(b, nil)
@@ -1124,7 +1156,7 @@ func (c *cluster) exec(op, tid string, admit bool, data []byte, ans func(b []byt
 		r.Unregister(tid)
 		respond(nil, nil)
 	default:
-		respond(nil, errors.New("unknown op "+strconv.Quote(op)))
+		respond(nil, errors.New(unknownOp+strconv.Quote(op)))
 	}
 }
 

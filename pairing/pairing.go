@@ -426,6 +426,7 @@ func New(cfg Config) (*Registry, error) {
 	r := &Registry{cfg: cfg, sessions: map[string]*session{}, closed: list.New(), stop: make(chan struct{})}
 	r.park.init(r)
 	r.rel.init()
+	r.rel.wg = &r.wg
 	h := cfg.Hooks
 	r.hooks.Store(&h)
 	if cfg.Cluster != nil {
@@ -861,6 +862,28 @@ func (r *Registry) Push(tid string, frame any) error {
 		return ErrPaused
 	}
 	return c.enqueue(b)
+}
+
+// PushLog pushes frame, a log-push whose entry id is id, and expects the
+// tab's echo of it (ExpectLog then Push). On another node it is one request
+// (op "logpush") that carries ctx's deferred admit (DeferAdmit): refused,
+// it fails with *RateLimitError having pushed nothing.
+func (r *Registry) PushLog(ctx context.Context, tid, id string, frame any) error {
+	b, err := marshalFrame(frame)
+	if err != nil {
+		return err
+	}
+	if r.remote(tid) {
+		return r.cl.pushLog(ctx, tid, id, b)
+	}
+	if _, err := r.live(tid); err != nil {
+		return err
+	}
+	if err := r.admitHere(ctx, tid); err != nil {
+		return err
+	}
+	r.ExpectLog(tid, id)
+	return r.Push(tid, json.RawMessage(b))
 }
 
 // IsPaired reports whether tid has a live socket.

@@ -2,6 +2,7 @@ package pairing
 
 import (
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -19,10 +20,13 @@ import (
 // at 1,000 tabs that is more memory than the tabs themselves hold. So when
 // at least releaseBurst sockets were accepted and then releaseQuiet registry
 // ticks passed without one (the burst's tabs have parked by then), the
-// registry loop runs debug.FreeOSMemory: one GC and one return of free pages,
-// about 5 ms of CPU per 10 MiB of live heap (the loop waits for it: ~50 ms
-// of CPU, ~0.25 s, at 100 MiB). It runs at most once per releaseEvery, and
-// never while tabs keep pairing. Counted in Stats.MemoryReleases.
+// registry loop starts debug.FreeOSMemory on a goroutine of its own: one GC
+// and one return of free pages, about 5 ms of CPU per 10 MiB of live heap
+// (~50 ms of CPU, ~0.25 s, at 100 MiB), during which the loop goes on
+// pinging tabs and timing out writes (it used to wait for it). It runs at
+// most once per releaseEvery, one at a time, and never while tabs keep
+// pairing. Counted in Stats.MemoryReleases when it returns; Shutdown waits
+// for a release under way (wg).
 type releaser struct {
 	accepted atomic.Int64 // sockets registered since New
 
@@ -37,7 +41,9 @@ type releaser struct {
 	last       time.Time
 
 	releases atomic.Int64
-	free     func() // debug.FreeOSMemory, or a test's
+	running  atomic.Bool     // a release under way
+	wg       *sync.WaitGroup // the registry's: Shutdown waits for a release
+	free     func()          // debug.FreeOSMemory, or a test's
 }
 
 const (
@@ -62,10 +68,24 @@ func (l *releaser) tick(now time.Time) {
 		return
 	}
 	l.quietTicks++
-	if l.quietTicks < l.quiet || (!l.last.IsZero() && now.Sub(l.last) < l.every) {
+	if l.quietTicks < l.quiet || (!l.last.IsZero() && now.Sub(l.last) < l.every) || l.running.Load() {
 		return
 	}
 	l.since, l.last = n, now
+	l.running.Store(true)
+	if l.wg == nil { // a test's releaser: in line
+		l.release()
+		return
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		l.release()
+	}()
+}
+
+func (l *releaser) release() {
 	l.free()
 	l.releases.Add(1)
+	l.running.Store(false)
 }

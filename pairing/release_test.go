@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/lapd-dev/lapd/tokens"
 )
 
@@ -70,6 +72,55 @@ func TestMemoryReleasedAfterPairingBurst(t *testing.T) {
 	for e.reg.Stats().MemoryReleases != 1 { // counted right after free returns
 		if time.Now().After(deadline) {
 			t.Fatalf("MemoryReleases %d, want 1", e.reg.Stats().MemoryReleases)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a counter, not synchronisation
+	}
+}
+
+// TestReleaseDoesNotBlockTheLoop: while a release runs (here, until the test
+// lets it finish) the registry loop goes on: a tab that stopped answering
+// pings is closed meanwhile. The release is counted when it returns.
+func TestReleaseDoesNotBlockTheLoop(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.PingInterval = 300 * time.Millisecond })
+	started, unblock := make(chan struct{}, 1), make(chan struct{})
+	e.reg.rel.burst, e.reg.rel.quiet = 3, 2
+	e.reg.rel.free = func() {
+		started <- struct{}{}
+		<-unblock
+	}
+	defer func() {
+		select {
+		case <-unblock:
+		default:
+			close(unblock)
+		}
+	}()
+	for range 3 {
+		tok, _ := e.mint("")
+		e.pair(tok)
+	}
+	recv(t, started)
+	tok, tid := e.mint("")
+	ws, _, err := e.dialRaw(tok, dialOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := e.wrap(ws, dialOpts{noReader: true})
+	if err := dead.ws.Write(ctxT(t), websocket.MessageText, []byte(`{"t":"hello","appName":"x","schemaHash":"h"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got := recv(t, e.closed); got != tid {
+		t.Fatalf("closed %q, want the silent tab %q", got, tid)
+	}
+	if n := e.reg.Stats().MemoryReleases; n != 0 {
+		t.Fatalf("MemoryReleases %d while the release is under way, want 0", n)
+	}
+	close(unblock)
+	deadline := time.Now().Add(10 * time.Second)
+	for e.reg.Stats().MemoryReleases != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("MemoryReleases %d after the release returned, want 1", e.reg.Stats().MemoryReleases)
 		}
 		time.Sleep(5 * time.Millisecond) // polling a counter, not synchronisation
 	}
