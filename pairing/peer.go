@@ -713,9 +713,11 @@ func (l *peerLink) serveConn(raw net.Conn) {
 		l.refusals.Add(1)
 		ip, _, _ := net.SplitHostPort(nc.RemoteAddr().String())
 		if now, last := time.Now().UnixNano(), l.loggedRefusal.Load(); now-last > int64(time.Second) && l.loggedRefusal.CompareAndSwap(last, now) {
-			l.c.r.cfg.Logger.Warn("pairing: peer link: refused a connection (at most one such line a second; each is audited)", "remote", nc.RemoteAddr().String(), "err", err)
+			l.c.r.cfg.Logger.Warn("pairing: peer link: refused a connection (at most one such line a second; audited within the address's budget)", "remote", nc.RemoteAddr().String(), "err", err)
 		}
-		l.c.r.cfg.Audit.Record(context.Background(), audit.Entry{Event: audit.EventAuthFailed,
+		// Within the address's audit budget, as the LAP gate's refusals: a
+		// flood of connections becomes counted summary entries.
+		l.c.r.cfg.Audit.RecordLimited(context.Background(), "ip:"+ip, audit.Entry{Event: audit.EventAuthFailed,
 			Detail: map[string]any{"endpoint": "peer-link", "ip": ip, "reason": err.Error()}})
 		return
 	}

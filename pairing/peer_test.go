@@ -598,3 +598,32 @@ func tapProxy(t *testing.T, to string) *tap {
 	}()
 	return tp
 }
+
+// A flood of refused connections from one address is audited within its
+// budget (as the LAP gate's refusals): counted, not written one by one.
+func TestPeerLinkRefusalFloodAudited(t *testing.T) {
+	t.Parallel()
+	a, _, _, _ := pairedPeers(t)
+	l := a.reg.cl.peer
+	const n = 40
+	for range n {
+		nc, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.WriteString(nc, "GET / HTTP/1.1\r\n\r\n")
+		_, _ = io.ReadAll(nc) // the node closes it
+		_ = nc.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for a.reg.Stats().Cluster.PeerRefused != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("refusals counted %d, want %d", a.reg.Stats().Cluster.PeerRefused, n)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a counter
+	}
+	if got := len(a.sink.find("auth-failed")); got == 0 || got > n/2 {
+		t.Fatalf("%d refusals written as %d auth-failed entries: want the first few, the rest counted", n, got)
+	}
+}
