@@ -105,6 +105,8 @@ const (
 	peerRetry     = 5 * time.Second  // after a failed dial or handshake
 	peerWrite     = 10 * time.Second // a write to a peer that does not read
 	peerInbound   = 1024             // inbound connections per node
+	peerConnBurst = 2 * peerMaxConns // new inbound connections from one address at once…
+	peerConnRate  = 50               // …then this many a second
 	peerMaxConns  = 256              // connections to one peer (requests in flight to it)
 	peerIdle      = 32               // idle connections kept per peer
 	peerDrain     = 2 * time.Second  // Shutdown: replies in flight may finish
@@ -141,7 +143,8 @@ type peerLink struct {
 	mu       sync.Mutex
 	peers    map[string]*peer // by node
 	inbound  map[net.Conn]struct{}
-	draining bool // Shutdown: no request read from now on is served
+	perIP    map[string]*connBucket // new inbound connections by remote address
+	draining bool                   // Shutdown: no request read from now on is served
 	closed   bool
 
 	inflight                 sync.WaitGroup // requests served here, until their reply is written (Add under mu, before draining)
@@ -174,7 +177,7 @@ func newPeerLink(c *cluster, listen, advertise, tlsMode string) (*peerLink, erro
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	l := &peerLink{c: c, ln: ln, key: key, info: peerInfo{Node: c.node, Addr: addr, Key: hex.EncodeToString(key)},
-		peers: map[string]*peer{}, inbound: map[net.Conn]struct{}{}}
+		peers: map[string]*peer{}, inbound: map[net.Conn]struct{}{}, perIP: map[string]*connBucket{}}
 	if useTLS {
 		cert, sum, err := selfSigned(c.node)
 		if err != nil {
@@ -657,11 +660,59 @@ func (l *peerLink) accept() {
 			_ = nc.Close()
 			continue
 		}
+		ip, _, _ := net.SplitHostPort(nc.RemoteAddr().String())
+		if !l.allowLocked(ip, time.Now()) {
+			l.mu.Unlock()
+			_ = nc.Close()
+			l.refuse(nc.RemoteAddr().String(), ip, errors.New("too many new connections from this address"))
+			continue
+		}
 		l.inbound[nc] = struct{}{}
 		l.c.r.wg.Add(1)
 		l.mu.Unlock()
 		go l.serveConn(nc)
 	}
+}
+
+// refuse counts, logs (at most once a second) and audits a refused
+// connection.
+func (l *peerLink) refuse(remote, ip string, err error) {
+	l.refusals.Add(1)
+	if now, last := time.Now().UnixNano(), l.loggedRefusal.Load(); now-last > int64(time.Second) && l.loggedRefusal.CompareAndSwap(last, now) {
+		l.c.r.cfg.Logger.Warn("pairing: peer link: refused a connection (at most one such line a second; audited within the address's budget)", "remote", remote, "err", err)
+	}
+	// Within the address's audit budget, as the LAP gate's refusals: a
+	// flood of connections becomes counted summary entries.
+	l.c.r.cfg.Audit.RecordLimited(context.Background(), "ip:"+ip, audit.Entry{Event: audit.EventAuthFailed,
+		Detail: map[string]any{"endpoint": "peer-link", "ip": ip, "reason": err.Error()}})
+}
+
+// allowLocked spends one of ip's new-connection tokens: peerConnBurst, then
+// peerConnRate a second. A node opens connections only as its requests
+// need them (at most peerMaxConns), so this bounds what a stranger at
+// another address makes the node do (a handshake, a TLS one's signature)
+// without slowing a peer; a peer refused meanwhile sends by NATS.
+func (l *peerLink) allowLocked(ip string, now time.Time) bool {
+	b := l.perIP[ip]
+	if b == nil {
+		if len(l.perIP) >= maxRemote {
+			clear(l.perIP) // many addresses: start over rather than grow
+		}
+		b = &connBucket{tokens: peerConnBurst, at: now}
+		l.perIP[ip] = b
+	}
+	b.tokens = min(peerConnBurst, b.tokens+now.Sub(b.at).Seconds()*peerConnRate)
+	b.at = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+type connBucket struct {
+	tokens float64
+	at     time.Time
 }
 
 // serverHandshake is clientHandshake's other side.
@@ -710,15 +761,8 @@ func (l *peerLink) serveConn(raw net.Conn) {
 	}
 	br := bufio.NewReaderSize(nc, 16<<10)
 	if err := l.serverHandshake(nc, br); err != nil {
-		l.refusals.Add(1)
 		ip, _, _ := net.SplitHostPort(nc.RemoteAddr().String())
-		if now, last := time.Now().UnixNano(), l.loggedRefusal.Load(); now-last > int64(time.Second) && l.loggedRefusal.CompareAndSwap(last, now) {
-			l.c.r.cfg.Logger.Warn("pairing: peer link: refused a connection (at most one such line a second; audited within the address's budget)", "remote", nc.RemoteAddr().String(), "err", err)
-		}
-		// Within the address's audit budget, as the LAP gate's refusals: a
-		// flood of connections becomes counted summary entries.
-		l.c.r.cfg.Audit.RecordLimited(context.Background(), "ip:"+ip, audit.Entry{Event: audit.EventAuthFailed,
-			Detail: map[string]any{"endpoint": "peer-link", "ip": ip, "reason": err.Error()}})
+		l.refuse(nc.RemoteAddr().String(), ip, err)
 		return
 	}
 	_ = nc.SetDeadline(time.Time{})

@@ -627,3 +627,29 @@ func TestPeerLinkRefusalFloodAudited(t *testing.T) {
 		t.Fatalf("%d refusals written as %d auth-failed entries: want the first few, the rest counted", n, got)
 	}
 }
+
+// New inbound connections are rationed per address: a burst, then a rate;
+// another address has its own.
+func TestPeerLinkConnectionRate(t *testing.T) {
+	t.Parallel()
+	l := &peerLink{perIP: map[string]*connBucket{}}
+	t0 := time.Unix(1000, 0)
+	for i := range peerConnBurst {
+		if !l.allowLocked("10.0.0.9", t0) {
+			t.Fatalf("connection %d of a burst refused", i)
+		}
+	}
+	if l.allowLocked("10.0.0.9", t0) {
+		t.Fatal("a connection past the burst allowed")
+	}
+	if !l.allowLocked("10.0.0.5", t0) {
+		t.Fatal("another address refused")
+	}
+	n := 0
+	for l.allowLocked("10.0.0.9", t0.Add(time.Second)) {
+		n++
+	}
+	if n != peerConnRate {
+		t.Fatalf("%d connections a second later, want %d", n, peerConnRate)
+	}
+}
