@@ -62,9 +62,11 @@ import (
 // meanwhile is not written on; an answer that has not come peerLate after
 // the caller's deadline (which the owner keeps itself) marks the node
 // unreachable for peerRetry (a machine gone without a reset). A
-// node keeps idle connections to each peer (at most peerIdle) and opens
-// more while requests run concurrently (at most peerMaxConns per peer;
-// beyond that, NATS).
+// node opens connections to a peer as its requests run concurrently (at
+// most peerMaxConns; beyond that, NATS) and keeps them open when idle: all
+// of them while they were used within peerIdleTTL, peerIdle past that (a
+// connection dropped after each request would cost a dial and a handshake
+// per call whenever more than peerIdle run at once).
 //
 // Why not a library: net/rpc multiplexes (the hand-offs above) and cannot
 // lend the reply's buffer to the caller; gRPC brings HTTP/2 framing and a
@@ -108,7 +110,8 @@ const (
 	peerConnBurst = 2 * peerMaxConns // new inbound connections from one address at once…
 	peerConnRate  = 50               // …then this many a second
 	peerMaxConns  = 256              // connections to one peer (requests in flight to it)
-	peerIdle      = 32               // idle connections kept per peer
+	peerIdle      = 32               // idle connections kept per peer for good…
+	peerIdleTTL   = 10 * time.Second // …and more while used within this
 	peerDrain     = 2 * time.Second  // Shutdown: replies in flight may finish
 	peerLate      = time.Second      // an answer this late after the caller's deadline: the peer is gone
 )
@@ -286,9 +289,10 @@ type peer struct {
 
 // peerConn is one connection to a peer, used by one request at a time.
 type peerConn struct {
-	nc  net.Conn // raw, or TLS over raw
-	raw net.Conn // the TCP connection
-	br  *bufio.Reader
+	nc   net.Conn // raw, or TLS over raw
+	raw  net.Conn // the TCP connection
+	br   *bufio.Reader
+	used time.Time // when it was last put back idle
 }
 
 type peerAnswer struct {
@@ -341,16 +345,31 @@ func (pc *peerConn) alive() bool {
 	return pc.br.Buffered() == 0 && peerOpen(pc.raw) // nothing is due on an idle connection
 }
 
-// put returns a connection whose answer was read whole.
+// put returns a connection whose answer was read whole. Idle connections
+// past peerIdle that have not been used for peerIdleTTL are closed.
 func (p *peer) put(pc *peerConn) {
+	now := time.Now()
+	pc.used = now
+	var stale []*peerConn
 	p.mu.Lock()
-	if !p.gone && len(p.idle) < peerIdle {
-		p.idle = append(p.idle, pc)
+	if p.gone {
 		p.mu.Unlock()
+		p.drop(pc)
 		return
 	}
+	p.idle = append(p.idle, pc)
+	n := 0 // least recently used first
+	for n < len(p.idle)-peerIdle && now.Sub(p.idle[n].used) > peerIdleTTL {
+		n++
+	}
+	if n > 0 {
+		stale = append(stale, p.idle[:n]...)
+		p.idle = append(p.idle[:0], p.idle[n:]...)
+	}
 	p.mu.Unlock()
-	p.drop(pc)
+	for _, pc := range stale {
+		p.drop(pc)
+	}
 }
 
 // drop closes a connection that will not be used again.

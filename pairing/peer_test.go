@@ -653,3 +653,36 @@ func TestPeerLinkConnectionRate(t *testing.T) {
 		t.Fatalf("%d connections a second later, want %d", n, peerConnRate)
 	}
 }
+
+// Idle connections are kept while used (more than peerIdle after a burst
+// of concurrent calls: no dial per call), and trimmed to peerIdle once
+// the extra ones stay unused for peerIdleTTL.
+func TestPeerIdleConnections(t *testing.T) {
+	t.Parallel()
+	p := &peer{}
+	conn := func() *peerConn {
+		a, b := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close() })
+		p.mu.Lock()
+		p.open++
+		p.mu.Unlock()
+		return &peerConn{raw: a}
+	}
+	const burst = peerIdle + 8
+	for range burst {
+		p.put(conn())
+	}
+	if len(p.idle) != burst || p.open != burst {
+		t.Fatalf("after a burst: %d idle, %d open; want %d kept", len(p.idle), p.open, burst)
+	}
+	for _, pc := range p.idle {
+		pc.used = pc.used.Add(-peerIdleTTL - time.Second)
+	}
+	p.put(conn())
+	if len(p.idle) != peerIdle || p.open != peerIdle {
+		t.Fatalf("after the burst went idle: %d idle, %d open; want %d", len(p.idle), p.open, peerIdle)
+	}
+	if !p.idle[len(p.idle)-1].used.After(p.idle[0].used) {
+		t.Fatal("the connection just used is not last (taken first)")
+	}
+}
