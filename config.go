@@ -48,11 +48,14 @@ type Config struct {
 	// server (NATS still finds the tab's node and carries everything
 	// else; docs/CLUSTER.md). "" = 127.0.0.1:0 (nodes on one machine);
 	// "off" = every call by NATS. Authenticated by a key published on
-	// NATS, not encrypted: across machines use a private network.
-	// PeerAdvertise is the address other nodes dial; default the
+	// NATS. PeerAdvertise is the address other nodes dial; default the
 	// listener's own (required when PeerListen is on every interface).
+	// PeerTLS: "" / "auto" = TLS unless that address is loopback (a
+	// certificate the node makes at start, pinned by the fingerprint it
+	// publishes on NATS), "on", "off".
 	PeerListen    string
 	PeerAdvertise string
+	PeerTLS       string
 	// NATSReplicas is how many copies JetStream keeps of the cluster's
 	// buckets and audit stream (1..5; more than 1 needs a JetStream
 	// cluster of at least that many servers). 0 = 1 for what this node

@@ -156,7 +156,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		PingInterval: cfg.PingInterval, RPCTimeout: cfg.RPCTimeout, Retention: cfg.Grace,
 		BufferBytes: share(4), LogRingBytes: min(pairing.DefaultLogRingBytes, share(4)),
 		Cluster: s.nc, ClusterPrefix: s.cluster, NodeID: cfg.NodeID,
-		PeerListen: peerListen(s.nc != nil, cfg.PeerListen), PeerAdvertise: cfg.PeerAdvertise,
+		PeerListen: peerListen(s.nc != nil, cfg.PeerListen), PeerAdvertise: cfg.PeerAdvertise, PeerTLS: cfg.PeerTLS,
 	}); err != nil {
 		return nil, err
 	}

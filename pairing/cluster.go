@@ -157,7 +157,7 @@ type ClusterStats struct {
 	PeerRefused int64 // inbound link connections refused at the handshake
 }
 
-func newCluster(r *Registry, nc *nats.Conn, prefix, node, peerListen, peerAdvertise string) (*cluster, error) {
+func newCluster(r *Registry, nc *nats.Conn, prefix, node, peerListen, peerAdvertise, peerTLS string) (*cluster, error) {
 	if prefix == "" {
 		prefix = "lapd"
 	}
@@ -176,7 +176,7 @@ func newCluster(r *Registry, nc *nats.Conn, prefix, node, peerListen, peerAdvert
 		return nil, err
 	}
 	if peerListen != "" {
-		l, err := newPeerLink(c, peerListen, peerAdvertise)
+		l, err := newPeerLink(c, peerListen, peerAdvertise, peerTLS)
 		if err != nil {
 			_ = sub.Unsubscribe()
 			return nil, err
@@ -498,7 +498,7 @@ const (
 	hdrAdmit  = "Lapd-Admit"
 	hdrGen    = "Lapd-Gen"
 	hdrHealth = "Lapd-Health"
-	hdrPeer   = "Lapd-Peer" // the owner's peer link: "<node> <addr> <key>"
+	hdrPeer   = "Lapd-Peer" // the owner's peer link: "<node> <addr> <key> [<cert>]"
 )
 
 // RateLimitError is the error of a Call, CallReply or Watch whose deferred
@@ -728,8 +728,12 @@ func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) 
 				c.refresh(tid, gen, []byte(m.Header.Get(hdrHealth)))
 			}
 			if c.peer != nil {
-				if f := strings.Fields(m.Header.Get(hdrPeer)); len(f) == 3 {
-					c.setPeer(tid, c.peer.learn(&peerInfo{Node: f[0], Addr: f[1], Key: f[2]}), nil)
+				if f := strings.Fields(m.Header.Get(hdrPeer)); len(f) == 3 || len(f) == 4 {
+					pi := &peerInfo{Node: f[0], Addr: f[1], Key: f[2]}
+					if len(f) == 4 {
+						pi.Cert = f[3]
+					}
+					c.setPeer(tid, c.peer.learn(pi), nil)
 				}
 			}
 		}
@@ -1029,7 +1033,11 @@ func (c *cluster) handleNATS(m *nats.Msg) {
 			h := nats.Header{hdrGen: []string{strconv.FormatUint(meta.gen, 10)}, hdrHealth: []string{string(meta.health)}}
 			if c.peer != nil {
 				pi := c.peer.info
-				h[hdrPeer] = []string{pi.Node + " " + pi.Addr + " " + pi.Key}
+				v := pi.Node + " " + pi.Addr + " " + pi.Key
+				if pi.Cert != "" {
+					v += " " + pi.Cert
+				}
+				h[hdrPeer] = []string{v}
 			}
 			_ = m.RespondMsg(&nats.Msg{Data: *out, Header: h})
 			putReply(out)

@@ -19,17 +19,25 @@ import (
 
 var clusterN atomic.Int64
 
-// bothLinks runs a cluster test twice, in parallel: with the peer link
-// (forwarded requests go node to node once the owner is known) and without
-// (everything by NATS).
-func bothLinks(t *testing.T, test func(t *testing.T, link bool)) {
+// linkMode is how a test cluster's nodes forward: all by NATS, on the
+// peer link in plain TCP, or on the peer link in TLS.
+type linkMode int
+
+const (
+	viaNATS linkMode = iota
+	viaPeer
+	viaPeerTLS
+)
+
+func (m linkMode) String() string { return [...]string{"nats", "peer", "peer-tls"}[m] }
+
+// bothLinks runs a cluster test in parallel with the peer link (forwarded
+// requests go node to node once the owner is known; plain and TLS) and
+// without (everything by NATS).
+func bothLinks(t *testing.T, test func(t *testing.T, link linkMode)) {
 	t.Parallel()
-	for _, link := range []bool{true, false} {
-		name := "nats"
-		if link {
-			name = "peer"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, link := range []linkMode{viaPeer, viaPeerTLS, viaNATS} {
+		t.Run(link.String(), func(t *testing.T) {
 			t.Parallel()
 			test(t, link)
 		})
@@ -37,9 +45,9 @@ func bothLinks(t *testing.T, test func(t *testing.T, link bool)) {
 }
 
 // clusterEnvs starts n registries (nodes) on one in-process NATS server,
-// sharing a token bucket, each with its own connection; with link, each
-// also listens for the peer link on 127.0.0.1.
-func clusterEnvs(t *testing.T, n int, link bool) []*env {
+// sharing a token bucket, each with its own connection; with a peer link,
+// each also listens for it on 127.0.0.1.
+func clusterEnvs(t *testing.T, n int, link linkMode) []*env {
 	t.Helper()
 	ns := natstest.Start(t)
 	name := fmt.Sprintf("p%d", clusterN.Add(1))
@@ -54,8 +62,11 @@ func clusterEnvs(t *testing.T, n int, link bool) []*env {
 		out = append(out, newEnv(t, func(c *Config, tc *tokens.Config) {
 			tc.Store = st
 			c.Cluster, c.ClusterPrefix, c.NodeID = nc, name, fmt.Sprint("n", i)
-			if link {
+			switch link {
+			case viaPeer:
 				c.PeerListen = "127.0.0.1:0"
+			case viaPeerTLS:
+				c.PeerListen, c.PeerTLS = "127.0.0.1:0", "on"
 			}
 		}))
 	}
@@ -75,7 +86,7 @@ func (tb *tab) answerNext(result string) string {
 
 func TestClusterCallForwarded(t *testing.T) { bothLinks(t, testClusterCallForwarded) }
 
-func testClusterCallForwarded(t *testing.T, link bool) {
+func testClusterCallForwarded(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	tok, tid := a.mint("u")
@@ -138,7 +149,7 @@ func testClusterCallForwarded(t *testing.T, link bool) {
 		t.Fatalf("stats: B %+v, A %+v", st, a.reg.Stats().Cluster)
 	}
 	// With the link, everything after the first admit went node to node.
-	if st := b.reg.Stats().Cluster; link && (st.Direct < 5 || st.Fallbacks != 0) || !link && st.Direct != 0 {
+	if st := b.reg.Stats().Cluster; link != viaNATS && (st.Direct < 5 || st.Fallbacks != 0) || link == viaNATS && st.Direct != 0 {
 		t.Fatalf("link %v: B's stats %+v", link, st)
 	}
 }
@@ -146,7 +157,7 @@ func testClusterCallForwarded(t *testing.T, link bool) {
 // No node holds the tab: paused at once, and not in doubt (nothing left).
 func TestClusterNoResponders(t *testing.T) { bothLinks(t, testClusterNoResponders) }
 
-func testClusterNoResponders(t *testing.T, link bool) {
+func testClusterNoResponders(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	_, tid := es[0].mint("u")
 	start := time.Now()
@@ -168,7 +179,7 @@ func testClusterNoResponders(t *testing.T, link bool) {
 // The per-tid rate limit is decided by the owner's OnAdmit.
 func TestClusterAdmitOnOwner(t *testing.T) { bothLinks(t, testClusterAdmitOnOwner) }
 
-func testClusterAdmitOnOwner(t *testing.T, link bool) {
+func testClusterAdmitOnOwner(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	var asked atomic.Int32
@@ -187,7 +198,7 @@ func testClusterAdmitOnOwner(t *testing.T, link bool) {
 // echo arrives: the echo is reported as expected (not a client log entry).
 func TestClusterExpectLogOnOwner(t *testing.T) { bothLinks(t, testClusterExpectLogOnOwner) }
 
-func testClusterExpectLogOnOwner(t *testing.T, link bool) {
+func testClusterExpectLogOnOwner(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	echoes := make(chan bool, 2)
@@ -213,7 +224,7 @@ func testClusterExpectLogOnOwner(t *testing.T, link bool) {
 // pushed and nothing is expected.
 func TestClusterPushLog(t *testing.T) { bothLinks(t, testClusterPushLog) }
 
-func testClusterPushLog(t *testing.T, link bool) {
+func testClusterPushLog(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	echoes := make(chan bool, 2)
@@ -294,7 +305,7 @@ func TestClusterUnknownOpReply(t *testing.T) {
 // here by a plain NATS responder) falls back to "expect" then "push".
 func TestClusterPushLogToOlderNode(t *testing.T) {
 	t.Parallel()
-	b := clusterEnvs(t, 1, false)[0]
+	b := clusterEnvs(t, 1, viaNATS)[0]
 	const tid = "tid-on-an-older-node"
 	ops := make(chan string, 4)
 	sub, err := b.reg.cl.nc.Subscribe(b.reg.cl.subject(tid, "*"), func(m *nats.Msg) {
@@ -325,7 +336,7 @@ func TestClusterPushLogToOlderNode(t *testing.T) {
 // stays the new owner's, and calls follow the tab.
 func TestClusterTakeover(t *testing.T) { bothLinks(t, testClusterTakeover) }
 
-func testClusterTakeover(t *testing.T, link bool) {
+func testClusterTakeover(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	tok, tid := a.mint("u")
@@ -376,7 +387,7 @@ func (tb *tab) doneStatus() <-chan int {
 // sees nothing. A request that made no call settles it with an admit.
 func TestClusterDeferredAdmit(t *testing.T) { bothLinks(t, testClusterDeferredAdmit) }
 
-func testClusterDeferredAdmit(t *testing.T, link bool) {
+func testClusterDeferredAdmit(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	var asked atomic.Int32
@@ -456,7 +467,7 @@ func testClusterDeferredAdmit(t *testing.T, link bool) {
 // admitTimeout, and the gate answers paused.
 func TestClusterAdmitBounded(t *testing.T) { bothLinks(t, testClusterAdmitBounded) }
 
-func testClusterAdmitBounded(t *testing.T, link bool) {
+func testClusterAdmitBounded(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	_, tid := a.mint("u")
@@ -487,7 +498,7 @@ func testClusterAdmitBounded(t *testing.T, link bool) {
 // long one (and with the admit's headers, or without) comes back exactly.
 func TestClusterRepliesReuseBuffers(t *testing.T) { bothLinks(t, testClusterRepliesReuseBuffers) }
 
-func testClusterRepliesReuseBuffers(t *testing.T, link bool) {
+func testClusterRepliesReuseBuffers(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	tok, tid := a.mint("u")
@@ -553,7 +564,7 @@ func TestClusterConcurrentCallsOnWorkers(t *testing.T) {
 	bothLinks(t, testClusterConcurrentCallsOnWorkers)
 }
 
-func testClusterConcurrentCallsOnWorkers(t *testing.T, link bool) {
+func testClusterConcurrentCallsOnWorkers(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	tok, tid := a.mint("u")

@@ -305,6 +305,10 @@ type Config struct {
 	// names every interface).
 	PeerListen    string
 	PeerAdvertise string
+	// PeerTLS is whether the link's listener speaks TLS (peer.go): "on",
+	// "off", or "" / "auto" = on unless the address other nodes dial is a
+	// loopback one (nodes on one machine).
+	PeerTLS string
 }
 
 // Registry holds the paired tabs. Safe for concurrent use.
@@ -430,7 +434,7 @@ func New(cfg Config) (*Registry, error) {
 	h := cfg.Hooks
 	r.hooks.Store(&h)
 	if cfg.Cluster != nil {
-		cl, err := newCluster(r, cfg.Cluster, cfg.ClusterPrefix, cfg.NodeID, cfg.PeerListen, cfg.PeerAdvertise)
+		cl, err := newCluster(r, cfg.Cluster, cfg.ClusterPrefix, cfg.NodeID, cfg.PeerListen, cfg.PeerAdvertise, cfg.PeerTLS)
 		if err != nil {
 			return nil, err
 		}

@@ -4,14 +4,20 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"strconv"
 	"strings"
@@ -56,9 +62,11 @@ import (
 // meanwhile is not written on; an answer that has not come peerLate after
 // the caller's deadline (which the owner keeps itself) marks the node
 // unreachable for peerRetry (a machine gone without a reset). A
-// node keeps idle connections to each peer (at most peerIdle) and opens
-// more while requests run concurrently (at most peerMaxConns per peer;
-// beyond that, NATS).
+// node opens connections to a peer as its requests run concurrently (at
+// most peerMaxConns; beyond that, NATS) and keeps them open when idle: all
+// of them while they were used within peerIdleTTL, peerIdle past that (a
+// connection dropped after each request would cost a dial and a handshake
+// per call whenever more than peerIdle run at once).
 //
 // Why not a library: net/rpc multiplexes (the hand-offs above) and cannot
 // lend the reply's buffer to the caller; gRPC brings HTTP/2 framing and a
@@ -72,10 +80,19 @@ import (
 // sides' nonces under the key): the key never crosses the link, a client
 // without it is refused (audited as auth-failed, endpoint "peer-link")
 // before any request is read, and a process that took over the address
-// cannot pass as the node. The link is not encrypted: the default listens
-// on 127.0.0.1 (nodes on one machine); across machines use it only on a
-// private network (docs/CLUSTER.md), or turn it off and NATS (with TLS)
-// carries everything.
+// cannot pass as the node.
+//
+// Encryption (Config.PeerTLS): unless the address other nodes dial is a
+// loopback one, the listener speaks TLS 1.3 with a certificate the node
+// makes for itself at start (ECDSA P-256, never written anywhere) and
+// publishes the SHA-256 of next to the key: a requester pins that
+// fingerprint instead of checking a chain, so no certificate authority is
+// needed and an impostor at the address fails before the challenge. The
+// challenge-response then runs inside TLS as before. On loopback the link
+// stays plain TCP (the traffic never leaves the machine; TLS would cost
+// CPU on the hot path for nothing); PeerTLS "on" or "off" overrides.
+// Session tickets are off: a ticket arriving on an idle connection would
+// look like data to the idle check.
 //
 // Frames (big-endian):
 //
@@ -90,8 +107,11 @@ const (
 	peerRetry     = 5 * time.Second  // after a failed dial or handshake
 	peerWrite     = 10 * time.Second // a write to a peer that does not read
 	peerInbound   = 1024             // inbound connections per node
+	peerConnBurst = 2 * peerMaxConns // new inbound connections from one address at once…
+	peerConnRate  = 50               // …then this many a second
 	peerMaxConns  = 256              // connections to one peer (requests in flight to it)
-	peerIdle      = 32               // idle connections kept per peer
+	peerIdle      = 32               // idle connections kept per peer for good…
+	peerIdleTTL   = 10 * time.Second // …and more while used within this
 	peerDrain     = 2 * time.Second  // Shutdown: replies in flight may finish
 	peerLate      = time.Second      // an answer this late after the caller's deadline: the peer is gone
 )
@@ -110,7 +130,8 @@ var errLinkLost = errors.New("pairing: peer: the connection to the tab's node wa
 type peerInfo struct {
 	Node string `json:"node"`
 	Addr string `json:"addr"`
-	Key  string `json:"key"` // hex
+	Key  string `json:"key"`            // hex
+	Cert string `json:"cert,omitempty"` // hex SHA-256 of the listener's TLS certificate; "" = plain TCP
 }
 
 // peerLink is a node's side of the link: its listener and its connections
@@ -120,11 +141,13 @@ type peerLink struct {
 	ln   net.Listener
 	info peerInfo
 	key  []byte
+	tls  *tls.Config // the listener's, nil = plain TCP
 
 	mu       sync.Mutex
 	peers    map[string]*peer // by node
 	inbound  map[net.Conn]struct{}
-	draining bool // Shutdown: no request read from now on is served
+	perIP    map[string]*connBucket // new inbound connections by remote address
+	draining bool                   // Shutdown: no request read from now on is served
 	closed   bool
 
 	inflight                 sync.WaitGroup // requests served here, until their reply is written (Add under mu, before draining)
@@ -132,7 +155,7 @@ type peerLink struct {
 	loggedRefusal            atomic.Int64 // unix ns of the last refusal logged
 }
 
-func newPeerLink(c *cluster, listen, advertise string) (*peerLink, error) {
+func newPeerLink(c *cluster, listen, advertise, tlsMode string) (*peerLink, error) {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("pairing: peer link: listening on %s: %w", listen, err)
@@ -149,11 +172,25 @@ func newPeerLink(c *cluster, listen, advertise string) (*peerLink, error) {
 		_ = ln.Close()
 		return nil, fmt.Errorf("pairing: peer link: advertise address %q: %w", advertise, err)
 	}
-	c.r.cfg.Logger.Info("cluster peer link: other nodes send calls for tabs held here directly", "listen", ln.Addr().String(), "advertise", addr)
+	useTLS, err := peerTLSOn(tlsMode, addr)
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	l := &peerLink{c: c, ln: ln, key: key, info: peerInfo{Node: c.node, Addr: addr, Key: hex.EncodeToString(key)},
-		peers: map[string]*peer{}, inbound: map[net.Conn]struct{}{}}
+		peers: map[string]*peer{}, inbound: map[net.Conn]struct{}{}, perIP: map[string]*connBucket{}}
+	if useTLS {
+		cert, sum, err := selfSigned(c.node)
+		if err != nil {
+			_ = ln.Close()
+			return nil, fmt.Errorf("pairing: peer link: making its TLS certificate: %w", err)
+		}
+		l.info.Cert = hex.EncodeToString(sum)
+		l.tls = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13, SessionTicketsDisabled: true}
+	}
+	c.r.cfg.Logger.Info("cluster peer link: other nodes send calls for tabs held here directly", "listen", ln.Addr().String(), "advertise", addr, "tls", useTLS)
 	c.r.wg.Add(2)
 	go l.accept()
 	go l.closer()
@@ -203,16 +240,22 @@ func (l *peerLink) learn(pi *peerInfo) *peer {
 	if err != nil || len(key) != 32 {
 		return nil
 	}
+	var cert []byte
+	if pi.Cert != "" {
+		if cert, err = hex.DecodeString(pi.Cert); err != nil || len(cert) != sha256.Size {
+			return nil
+		}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return nil
 	}
 	p := l.peers[pi.Node]
-	if p != nil && p.addr == pi.Addr && hmac.Equal(p.key, key) {
+	if p != nil && p.addr == pi.Addr && hmac.Equal(p.key, key) && bytes.Equal(p.cert, cert) {
 		return p
 	}
-	if p != nil { // the node came back with another address or key
+	if p != nil { // the node came back with another address, key or certificate
 		p.close()
 	}
 	if len(l.peers) >= maxRemote {
@@ -222,7 +265,7 @@ func (l *peerLink) learn(pi *peerInfo) *peer {
 			break
 		}
 	}
-	p = &peer{l: l, node: pi.Node, addr: pi.Addr, key: key}
+	p = &peer{l: l, node: pi.Node, addr: pi.Addr, key: key, cert: cert}
 	l.peers[pi.Node] = p
 	return p
 }
@@ -235,6 +278,7 @@ type peer struct {
 	node string
 	addr string
 	key  []byte
+	cert []byte // SHA-256 of its TLS certificate; nil = plain TCP
 
 	mu       sync.Mutex
 	idle     []*peerConn // most recently used last
@@ -245,8 +289,10 @@ type peer struct {
 
 // peerConn is one connection to a peer, used by one request at a time.
 type peerConn struct {
-	nc net.Conn
-	br *bufio.Reader
+	nc   net.Conn // raw, or TLS over raw
+	raw  net.Conn // the TCP connection
+	br   *bufio.Reader
+	used time.Time // when it was last put back idle
 }
 
 type peerAnswer struct {
@@ -296,24 +342,39 @@ func (p *peer) take() *peerConn {
 // is written on it, so that such a connection does not turn a call into
 // one in doubt. Costs one non-blocking peek.
 func (pc *peerConn) alive() bool {
-	return pc.br.Buffered() == 0 && peerOpen(pc.nc) // nothing is due on an idle connection
+	return pc.br.Buffered() == 0 && peerOpen(pc.raw) // nothing is due on an idle connection
 }
 
-// put returns a connection whose answer was read whole.
+// put returns a connection whose answer was read whole. Idle connections
+// past peerIdle that have not been used for peerIdleTTL are closed.
 func (p *peer) put(pc *peerConn) {
+	now := time.Now()
+	pc.used = now
+	var stale []*peerConn
 	p.mu.Lock()
-	if !p.gone && len(p.idle) < peerIdle {
-		p.idle = append(p.idle, pc)
+	if p.gone {
 		p.mu.Unlock()
+		p.drop(pc)
 		return
 	}
+	p.idle = append(p.idle, pc)
+	n := 0 // least recently used first
+	for n < len(p.idle)-peerIdle && now.Sub(p.idle[n].used) > peerIdleTTL {
+		n++
+	}
+	if n > 0 {
+		stale = append(stale, p.idle[:n]...)
+		p.idle = append(p.idle[:0], p.idle[n:]...)
+	}
 	p.mu.Unlock()
-	p.drop(pc)
+	for _, pc := range stale {
+		p.drop(pc)
+	}
 }
 
 // drop closes a connection that will not be used again.
 func (p *peer) drop(pc *peerConn) {
-	_ = pc.nc.Close()
+	_ = pc.raw.Close() // (a TLS close would first try to write its alert)
 	p.mu.Lock()
 	p.open--
 	p.mu.Unlock()
@@ -352,17 +413,40 @@ func (p *peer) dial() (*peerConn, error) {
 	if shutting {
 		return nil, ErrClosed
 	}
-	nc, err := net.DialTimeout("tcp", p.addr, peerHandshake)
+	raw, err := net.DialTimeout("tcp", p.addr, peerHandshake)
 	if err != nil {
 		return nil, err
 	}
-	_ = nc.SetDeadline(time.Now().Add(peerHandshake))
+	_ = raw.SetDeadline(time.Now().Add(peerHandshake))
+	nc := raw
+	if p.cert != nil {
+		tc := tls.Client(raw, &tls.Config{
+			MinVersion: tls.VersionTLS13,
+			// The certificate is self-made: pinned by the fingerprint the
+			// owner published on NATS, not checked against a chain.
+			InsecureSkipVerify: true,
+			VerifyConnection: func(cs tls.ConnectionState) error {
+				if len(cs.PeerCertificates) == 0 {
+					return errors.New("no certificate")
+				}
+				if sum := sha256.Sum256(cs.PeerCertificates[0].Raw); !hmac.Equal(sum[:], p.cert) {
+					return errors.New("the node at that address does not hold the certificate its admit published")
+				}
+				return nil
+			},
+		})
+		if err := tc.Handshake(); err != nil {
+			_ = raw.Close()
+			return nil, fmt.Errorf("TLS handshake: %w", err)
+		}
+		nc = tc
+	}
 	br := bufio.NewReaderSize(nc, 16<<10)
 	if err := clientHandshake(nc, br, p.node, p.key); err != nil {
-		_ = nc.Close()
+		_ = raw.Close()
 		return nil, err
 	}
-	return &peerConn{nc: nc, br: br}, nil
+	return &peerConn{nc: nc, raw: raw, br: br}, nil
 }
 
 // clientHandshake: → "LAPDPEER2 <node> <cnonce>\n"; ← "<snonce> <proof>\n",
@@ -595,11 +679,59 @@ func (l *peerLink) accept() {
 			_ = nc.Close()
 			continue
 		}
+		ip, _, _ := net.SplitHostPort(nc.RemoteAddr().String())
+		if !l.allowLocked(ip, time.Now()) {
+			l.mu.Unlock()
+			_ = nc.Close()
+			l.refuse(nc.RemoteAddr().String(), ip, errors.New("too many new connections from this address"))
+			continue
+		}
 		l.inbound[nc] = struct{}{}
 		l.c.r.wg.Add(1)
 		l.mu.Unlock()
 		go l.serveConn(nc)
 	}
+}
+
+// refuse counts, logs (at most once a second) and audits a refused
+// connection.
+func (l *peerLink) refuse(remote, ip string, err error) {
+	l.refusals.Add(1)
+	if now, last := time.Now().UnixNano(), l.loggedRefusal.Load(); now-last > int64(time.Second) && l.loggedRefusal.CompareAndSwap(last, now) {
+		l.c.r.cfg.Logger.Warn("pairing: peer link: refused a connection (at most one such line a second; audited within the address's budget)", "remote", remote, "err", err)
+	}
+	// Within the address's audit budget, as the LAP gate's refusals: a
+	// flood of connections becomes counted summary entries.
+	l.c.r.cfg.Audit.RecordLimited(context.Background(), "ip:"+ip, audit.Entry{Event: audit.EventAuthFailed,
+		Detail: map[string]any{"endpoint": "peer-link", "ip": ip, "reason": err.Error()}})
+}
+
+// allowLocked spends one of ip's new-connection tokens: peerConnBurst, then
+// peerConnRate a second. A node opens connections only as its requests
+// need them (at most peerMaxConns), so this bounds what a stranger at
+// another address makes the node do (a handshake, a TLS one's signature)
+// without slowing a peer; a peer refused meanwhile sends by NATS.
+func (l *peerLink) allowLocked(ip string, now time.Time) bool {
+	b := l.perIP[ip]
+	if b == nil {
+		if len(l.perIP) >= maxRemote {
+			clear(l.perIP) // many addresses: start over rather than grow
+		}
+		b = &connBucket{tokens: peerConnBurst, at: now}
+		l.perIP[ip] = b
+	}
+	b.tokens = min(peerConnBurst, b.tokens+now.Sub(b.at).Seconds()*peerConnRate)
+	b.at = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+type connBucket struct {
+	tokens float64
+	at     time.Time
 }
 
 // serverHandshake is clientHandshake's other side.
@@ -633,29 +765,28 @@ func (l *peerLink) serverHandshake(nc net.Conn, br *bufio.Reader) error {
 // serveConn serves one inbound connection: each request is read, served
 // and answered on this goroutine, which outlives the request (its stack
 // stays grown for the next).
-func (l *peerLink) serveConn(nc net.Conn) {
+func (l *peerLink) serveConn(raw net.Conn) {
 	defer l.c.r.wg.Done()
 	defer func() {
 		l.mu.Lock()
-		delete(l.inbound, nc)
+		delete(l.inbound, raw)
 		l.mu.Unlock()
-		_ = nc.Close()
+		_ = raw.Close()
 	}()
-	_ = nc.SetDeadline(time.Now().Add(peerHandshake))
+	_ = raw.SetDeadline(time.Now().Add(peerHandshake))
+	nc := raw
+	if l.tls != nil {
+		nc = tls.Server(raw, l.tls) // its handshake runs on the first read, within the deadline
+	}
 	br := bufio.NewReaderSize(nc, 16<<10)
 	if err := l.serverHandshake(nc, br); err != nil {
-		l.refusals.Add(1)
 		ip, _, _ := net.SplitHostPort(nc.RemoteAddr().String())
-		if now, last := time.Now().UnixNano(), l.loggedRefusal.Load(); now-last > int64(time.Second) && l.loggedRefusal.CompareAndSwap(last, now) {
-			l.c.r.cfg.Logger.Warn("pairing: peer link: refused a connection (at most one such line a second; each is audited)", "remote", nc.RemoteAddr().String(), "err", err)
-		}
-		l.c.r.cfg.Audit.Record(context.Background(), audit.Entry{Event: audit.EventAuthFailed,
-			Detail: map[string]any{"endpoint": "peer-link", "ip": ip, "reason": err.Error()}})
+		l.refuse(nc.RemoteAddr().String(), ip, err)
 		return
 	}
 	_ = nc.SetDeadline(time.Time{})
 	max := uint32(l.c.r.cfg.MaxFrame) + 1<<20
-	pr := &peerReq{nc: nc}
+	pr := &peerReq{nc: nc, tls: l.tls != nil}
 	for {
 		buf, b, err := readFrame(br, max, 4)
 		if err != nil {
@@ -689,6 +820,7 @@ func (l *peerLink) serveConn(nc net.Conn) {
 // the frame's buffer until it is answered.
 type peerReq struct {
 	nc     net.Conn
+	tls    bool // nc is TLS: one Write (a writev would be one record per buffer)
 	admit  bool
 	op     string
 	tid    string
@@ -752,9 +884,64 @@ func (pr *peerReq) write(lead byte, body []byte, moved bool, meta *replyMeta) {
 		body = nil
 	}
 	binary.BigEndian.PutUint32(h, uint32(len(h)-4+len(health)+len(l)+len(body)))
-	bufs := net.Buffers{h, health, l, body}
 	_ = pr.nc.SetWriteDeadline(time.Now().Add(peerWrite))
+	if pr.tls {
+		fb := getFrameBuf(len(h) + len(health) + len(l) + len(body))
+		f := append(append(append(append((*fb)[:0], h...), health...), l...), body...)
+		if _, err := pr.nc.Write(f); err != nil {
+			pr.failed = true
+		}
+		*fb = f
+		putFrameBuf(fb)
+		return
+	}
+	bufs := net.Buffers{h, health, l, body}
 	if _, err := bufs.WriteTo(pr.nc); err != nil {
 		pr.failed = true
 	}
+}
+
+// peerTLSOn decides whether the listener speaks TLS: mode "on", "off", or
+// "" / "auto" = on unless addr (the address other nodes dial) is a
+// loopback one.
+func peerTLSOn(mode, addr string) (bool, error) {
+	switch mode {
+	case "on":
+		return true, nil
+	case "off":
+		return false, nil
+	case "", "auto":
+		host, _, _ := net.SplitHostPort(addr)
+		ip := net.ParseIP(host)
+		return !(host == "localhost" || ip != nil && ip.IsLoopback()), nil
+	}
+	return false, fmt.Errorf("pairing: peer link: TLS %q: want auto, on or off", mode)
+}
+
+// selfSigned makes the listener's certificate and its SHA-256 (what the
+// admit replies publish). Ephemeral: a new one at every start.
+func selfSigned(node string) (tls.Certificate, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: "lapd peer " + node},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.AddDate(10, 0, 0), // pinned, not checked: as long as the process lives
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	sum := sha256.Sum256(der)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, sum[:], nil
 }

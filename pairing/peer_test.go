@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -12,6 +13,7 @@ import (
 	"net"
 	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,7 +23,12 @@ import (
 // learnt A's link (an admit).
 func pairedPeers(t *testing.T) (a, b *env, tb *tab, tid string) {
 	t.Helper()
-	es := clusterEnvs(t, 2, true)
+	return pairedPeersVia(t, viaPeer)
+}
+
+func pairedPeersVia(t *testing.T, link linkMode) (a, b *env, tb *tab, tid string) {
+	t.Helper()
+	es := clusterEnvs(t, 2, link)
 	a, b = es[0], es[1]
 	tok, tid := a.mint("u")
 	tb = a.pair(tok)
@@ -156,7 +163,7 @@ func TestPeerLinkFallsBackToNATS(t *testing.T) {
 // without doing anything, and the request goes by NATS to C.
 func TestPeerLinkMoved(t *testing.T) {
 	t.Parallel()
-	es := clusterEnvs(t, 3, true)
+	es := clusterEnvs(t, 3, viaPeer)
 	a, b, c := es[0], es[1], es[2]
 	tok, tid := c.mint("u")
 	tb := c.pair(tok)
@@ -414,4 +421,268 @@ func sameAsJSON(a, b []byte) bool {
 		return bytes.Equal(a, b)
 	}
 	return reflect.DeepEqual(x, y)
+}
+
+// With TLS the bytes between the nodes are encrypted (a state the tab
+// answers with does not appear in them, as it does in plain TCP), and the
+// link works as in plain TCP: calls go node to node, not by NATS.
+func TestPeerLinkTLSEncrypts(t *testing.T) {
+	t.Parallel()
+	for _, link := range []linkMode{viaPeer, viaPeerTLS} {
+		t.Run(link.String(), func(t *testing.T) {
+			t.Parallel()
+			a, b, tb, tid := pairedPeersVia(t, link)
+			info := a.reg.cl.peer.info
+			if (info.Cert != "") != (link == viaPeerTLS) {
+				t.Fatalf("A publishes cert %q with %v", info.Cert, link)
+			}
+			// B reaches A through a proxy that keeps what crosses it.
+			seen := tapProxy(t, info.Addr)
+			via := info
+			via.Addr = seen.addr
+			p := b.reg.cl.peer.learn(&via)
+			b.reg.cl.setPeer(tid, p, nil)
+			before := b.reg.cl.nc.Stats().OutMsgs
+			const secret = "s3cr3t-state-marker"
+			done := callVia(t, b, tid, "get_state", 0)
+			tb.answerNext(`{"note":"` + secret + `"}`)
+			if err := recv(t, done); err != nil {
+				t.Fatal(err)
+			}
+			if n := b.reg.cl.nc.Stats().OutMsgs - before; n != 0 {
+				t.Fatalf("B published %d NATS messages for a call on the link", n)
+			}
+			got := seen.bytes()
+			if len(got) == 0 {
+				t.Fatal("nothing crossed the proxy: the call did not take the link")
+			}
+			if in := bytes.Contains(got, []byte(secret)); in != (link == viaPeer) {
+				t.Fatalf("%v: the state crossed the link in clear: %v", link, in)
+			}
+		})
+	}
+}
+
+// A client that does not speak TLS to a TLS link is refused and audited;
+// a TLS server at the address without the published certificate is not
+// trusted: the dial fails (the requests go by NATS).
+func TestPeerLinkTLSRefusals(t *testing.T) {
+	t.Parallel()
+	a, b, _, tid := pairedPeersVia(t, viaPeerTLS)
+	l := a.reg.cl.peer
+	nc, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(nc, peerProto+" "+l.info.Node+" "+nonce()+"\n")
+	_, _ = io.ReadAll(nc)
+	_ = nc.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(a.sink.find("auth-failed")) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("audited %v, want one auth-failed", a.sink.find("auth-failed"))
+		}
+		time.Sleep(10 * time.Millisecond) // audit entries arrive off the connection's goroutine
+	}
+
+	// An impostor: a TLS server of its own at the address.
+	cert, _, err := selfSigned("impostor")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(io.Discard, c)
+			}()
+		}
+	}()
+	via := l.info
+	via.Addr = ln.Addr().String()
+	p := b.reg.cl.peer.learn(&via)
+	if _, err := p.dial(); err == nil || !strings.Contains(err.Error(), "does not hold the certificate") {
+		t.Fatalf("dial to a TLS server with another certificate = %v", err)
+	}
+	_ = tid
+}
+
+func TestPeerTLSOn(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		mode, addr string
+		want       bool
+	}{
+		{"", "127.0.0.1:7422", false}, {"auto", "[::1]:7422", false}, {"auto", "localhost:7422", false},
+		{"", "10.0.0.5:7422", true}, {"auto", "node-a.internal:7422", true},
+		{"on", "127.0.0.1:7422", true}, {"off", "10.0.0.5:7422", false},
+	} {
+		if got, err := peerTLSOn(c.mode, c.addr); err != nil || got != c.want {
+			t.Errorf("peerTLSOn(%q, %q) = %v, %v; want %v", c.mode, c.addr, got, err, c.want)
+		}
+	}
+	if _, err := peerTLSOn("yes", "10.0.0.5:7422"); err == nil {
+		t.Error("peerTLSOn accepted mode yes")
+	}
+}
+
+// tap is a TCP proxy to one address that keeps every byte it forwards.
+type tap struct {
+	addr string
+	mu   sync.Mutex
+	buf  []byte
+}
+
+func (tp *tap) bytes() []byte {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return append([]byte(nil), tp.buf...)
+}
+
+func (tp *tap) Write(p []byte) (int, error) {
+	tp.mu.Lock()
+	tp.buf = append(tp.buf, p...)
+	tp.mu.Unlock()
+	return len(p), nil
+}
+
+func tapProxy(t *testing.T, to string) *tap {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := &tap{addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", to)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, up)
+			mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); _, _ = io.Copy(io.MultiWriter(up, tp), c); _ = up.Close() }()
+			go func() { defer wg.Done(); _, _ = io.Copy(io.MultiWriter(c, tp), up); _ = c.Close() }()
+		}
+	}()
+	return tp
+}
+
+// A flood of refused connections from one address is audited within its
+// budget (as the LAP gate's refusals): counted, not written one by one.
+func TestPeerLinkRefusalFloodAudited(t *testing.T) {
+	t.Parallel()
+	a, _, _, _ := pairedPeers(t)
+	l := a.reg.cl.peer
+	const n = 40
+	for range n {
+		nc, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.WriteString(nc, "GET / HTTP/1.1\r\n\r\n")
+		_, _ = io.ReadAll(nc) // the node closes it
+		_ = nc.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for a.reg.Stats().Cluster.PeerRefused != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("refusals counted %d, want %d", a.reg.Stats().Cluster.PeerRefused, n)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a counter
+	}
+	if got := len(a.sink.find("auth-failed")); got == 0 || got > n/2 {
+		t.Fatalf("%d refusals written as %d auth-failed entries: want the first few, the rest counted", n, got)
+	}
+}
+
+// New inbound connections are rationed per address: a burst, then a rate;
+// another address has its own.
+func TestPeerLinkConnectionRate(t *testing.T) {
+	t.Parallel()
+	l := &peerLink{perIP: map[string]*connBucket{}}
+	t0 := time.Unix(1000, 0)
+	for i := range peerConnBurst {
+		if !l.allowLocked("10.0.0.9", t0) {
+			t.Fatalf("connection %d of a burst refused", i)
+		}
+	}
+	if l.allowLocked("10.0.0.9", t0) {
+		t.Fatal("a connection past the burst allowed")
+	}
+	if !l.allowLocked("10.0.0.5", t0) {
+		t.Fatal("another address refused")
+	}
+	n := 0
+	for l.allowLocked("10.0.0.9", t0.Add(time.Second)) {
+		n++
+	}
+	if n != peerConnRate {
+		t.Fatalf("%d connections a second later, want %d", n, peerConnRate)
+	}
+}
+
+// Idle connections are kept while used (more than peerIdle after a burst
+// of concurrent calls: no dial per call), and trimmed to peerIdle once
+// the extra ones stay unused for peerIdleTTL.
+func TestPeerIdleConnections(t *testing.T) {
+	t.Parallel()
+	p := &peer{}
+	conn := func() *peerConn {
+		a, b := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close() })
+		p.mu.Lock()
+		p.open++
+		p.mu.Unlock()
+		return &peerConn{raw: a}
+	}
+	const burst = peerIdle + 8
+	for range burst {
+		p.put(conn())
+	}
+	if len(p.idle) != burst || p.open != burst {
+		t.Fatalf("after a burst: %d idle, %d open; want %d kept", len(p.idle), p.open, burst)
+	}
+	for _, pc := range p.idle {
+		pc.used = pc.used.Add(-peerIdleTTL - time.Second)
+	}
+	p.put(conn())
+	if len(p.idle) != peerIdle || p.open != peerIdle {
+		t.Fatalf("after the burst went idle: %d idle, %d open; want %d", len(p.idle), p.open, peerIdle)
+	}
+	if !p.idle[len(p.idle)-1].used.After(p.idle[0].used) {
+		t.Fatal("the connection just used is not last (taken first)")
+	}
 }

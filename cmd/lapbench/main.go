@@ -49,7 +49,9 @@
 //	               the agents call node A. Server CPU counts all three
 //	               nodes and the nats-server (also shown by process).
 //	nats-cross     the same, but the agents call node B, which forwards
-//	               every call to A over NATS request/reply
+//	               every call to A (on the peer link; NATS finds A)
+//	nats-cross-tls nats-cross with --peer-tls on (the link as between
+//	               machines)
 //
 // Every configuration also gets --addr 127.0.0.1:0, a fresh --data-dir and
 // --lap-rate/--mint-rate 1e9 (the rate limits would refuse a load test).

@@ -50,6 +50,9 @@ var configs = map[string]config{
 	// nats-cross: they call node B, which forwards to A over NATS.
 	"nats-local": {"nats-local", nil, 3, false},
 	"nats-cross": {"nats-cross", nil, 3, true},
+	// nats-cross with the peer link in TLS, as between machines (on one
+	// machine the default link is plain TCP).
+	"nats-cross-tls": {"nats-cross-tls", []string{"--peer-tls", "on"}, 3, true},
 	// /agent/mcp without its tools/call fast path (mcp-go answers every
 	// request), against default in the same run.
 	"default-nofast": {"default-nofast", []string{"--mcp-fast-path=false"}, 0, false},

@@ -534,13 +534,14 @@ func TestNATSReplicasFlag(t *testing.T) {
 func TestPeerLinkFlags(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		args            []string
-		env             map[string]string
-		listen, adverts string
+		args                 []string
+		env                  map[string]string
+		listen, adverts, tls string
 	}{
-		{[]string{"--nats", "nats://127.0.0.1:4222"}, nil, "127.0.0.1:0", ""},
-		{[]string{"--nats", "nats://127.0.0.1:4222", "--peer-listen", "off"}, nil, "off", ""},
-		{[]string{"--nats", "nats://127.0.0.1:4222"}, map[string]string{"LAPD_PEER_LISTEN": ":7422", "LAPD_PEER_ADVERTISE": "10.0.0.5:7422"}, ":7422", "10.0.0.5:7422"},
+		{[]string{"--nats", "nats://127.0.0.1:4222"}, nil, "127.0.0.1:0", "", "auto"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--peer-listen", "off"}, nil, "off", "", "auto"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--peer-tls", "on"}, nil, "127.0.0.1:0", "", "on"},
+		{[]string{"--nats", "nats://127.0.0.1:4222"}, map[string]string{"LAPD_PEER_LISTEN": ":7422", "LAPD_PEER_ADVERTISE": "10.0.0.5:7422", "LAPD_PEER_TLS": "off"}, ":7422", "10.0.0.5:7422", "off"},
 	} {
 		c, err := parseServeFlags(tc.args, io.Discard, envMap(tc.env))
 		if err != nil {
@@ -550,8 +551,11 @@ func TestPeerLinkFlags(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a.PeerListen != tc.listen || a.PeerAdvertise != tc.adverts {
-			t.Errorf("%v %v: PeerListen %q, PeerAdvertise %q; want %q, %q", tc.args, tc.env, a.PeerListen, a.PeerAdvertise, tc.listen, tc.adverts)
+		if a.PeerListen != tc.listen || a.PeerAdvertise != tc.adverts || a.PeerTLS != tc.tls {
+			t.Errorf("%v %v: PeerListen %q, PeerAdvertise %q, PeerTLS %q; want %q, %q, %q", tc.args, tc.env, a.PeerListen, a.PeerAdvertise, a.PeerTLS, tc.listen, tc.adverts, tc.tls)
 		}
+	}
+	if _, err := parseServeFlags([]string{"--nats", "nats://127.0.0.1:4222", "--peer-tls", "yes"}, io.Discard, envMap(nil)); err == nil || !strings.Contains(err.Error(), "want auto, on or off") {
+		t.Errorf("--peer-tls yes = %v, want a usage error naming the values", err)
 	}
 }

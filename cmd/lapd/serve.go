@@ -279,7 +279,7 @@ func lapdConfig(c serveConfig, stdout io.Writer, log *slog.Logger) (lapd.Config,
 			acfg.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
 		}
 		acfg.NATSReplicas = c.NATSReplicas
-		acfg.PeerListen, acfg.PeerAdvertise = c.PeerListen, c.PeerAdvertise
+		acfg.PeerListen, acfg.PeerAdvertise, acfg.PeerTLS = c.PeerListen, c.PeerAdvertise, c.PeerTLS
 		if c.NATSCreds != "" {
 			acfg.NATSOptions = append(acfg.NATSOptions, nats.UserCredentials(c.NATSCreds))
 		}

@@ -55,6 +55,7 @@ type serveConfig struct {
 	NATSReplicas  int
 	PeerListen    string // "off" = no peer link
 	PeerAdvertise string
+	PeerTLS       string // auto, on, off
 
 	IdentityCookie    string
 	IdentityCookieKey string
@@ -108,8 +109,9 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	var replicas string
 	fs.String(&replicas, "nats-replicas", "", "copies JetStream keeps of the cluster's KV buckets and audit stream, 1 to 5 (more than 1 needs a JetStream cluster of that many servers); each node makes every bucket and the stream have this many, and refuses to start if the servers cannot; unset: 1 for what the node creates, and what exists keeps its replicas (docs/CLUSTER.md)")
 	fs.String(&c.ClusterName, "cluster-name", "lapd", "prefix of the NATS subjects and KV buckets: every node of one cluster uses the same; two clusters on one NATS use different ones")
-	fs.String(&c.PeerListen, "peer-listen", "127.0.0.1:0", "with --nats: the TCP address of this node's peer link, on which other nodes send calls for tabs held here directly instead of through the NATS server (faster; authenticated, not encrypted: keep it on loopback or a private network); off = every call by NATS (docs/CLUSTER.md)")
+	fs.String(&c.PeerListen, "peer-listen", "127.0.0.1:0", "with --nats: the TCP address of this node's peer link, on which other nodes send calls for tabs held here directly instead of through the NATS server (faster; authenticated; TLS unless on loopback, see --peer-tls); off = every call by NATS (docs/CLUSTER.md)")
 	fs.String(&c.PeerAdvertise, "peer-advertise", "", "with --nats: the host:port other nodes dial to reach --peer-listen; default the listener's own address (required when --peer-listen is on every interface, e.g. :7422)")
+	fs.String(&c.PeerTLS, "peer-tls", "auto", "with --nats: encrypt the peer link with TLS (a certificate the node makes at start, pinned by the fingerprint it publishes on NATS): auto = unless the address other nodes dial is loopback, on, or off")
 	fs.String(&c.NodeID, "node-id", "", "this node's name in logs and NATS connection names; default host-pid")
 	fs.String(&c.IdentityCookie, "identity-cookie", "", "name of a signed cookie <uid>.<base64url(HMAC-SHA256(key, uid))> that names the user for mint")
 	fs.String(&c.IdentityCookieKey, "identity-cookie-key", "", "HMAC key for --identity-cookie (at least 32 characters)")
@@ -157,6 +159,11 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 		if ip := net.ParseIP(host); (host == "" || ip != nil && ip.IsUnspecified()) && c.PeerAdvertise == "" && c.NATS != "" {
 			return c, usageError{fmt.Sprintf("--peer-listen %q listens on every interface: say which address the other nodes dial with --peer-advertise host:port", c.PeerListen)}
 		}
+	}
+	switch c.PeerTLS {
+	case "auto", "on", "off":
+	default:
+		return c, usageError{fmt.Sprintf("--peer-tls %q: want auto, on or off", c.PeerTLS)}
 	}
 	if c.PeerAdvertise != "" {
 		if c.NATS == "" {
