@@ -369,7 +369,12 @@ func (c *cluster) onTakeover(m *nats.Msg) {
 	}
 	rev, _ := strconv.ParseUint(m.Header.Get(hdrRev), 10, 64) // 0: unknown
 	c.mu.Lock()
-	delete(c.remote, tid)
+	if e := c.remote[tid]; e == nil || e.peer == nil || e.peer.node != node {
+		// What this node knew of tid's owner is stale. (Requests already
+		// going to the announcing node's link keep it: its takeover may
+		// arrive after this node learnt the link from its admit reply.)
+		delete(c.remote, tid)
+	}
 	c.mu.Unlock()
 	r := c.r
 	r.mu.Lock()

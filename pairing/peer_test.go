@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // pairedPeers returns two nodes with the link, a tab on A, and B having
@@ -684,5 +686,28 @@ func TestPeerIdleConnections(t *testing.T) {
 	}
 	if !p.idle[len(p.idle)-1].used.After(p.idle[0].used) {
 		t.Fatal("the connection just used is not last (taken first)")
+	}
+}
+
+// A takeover announced by the node this node already sends tid's requests
+// to (it may arrive after the admit reply that named the link) keeps the
+// link; one from another node drops what was known, and the next request
+// goes by NATS, which finds the new owner.
+func TestPeerLinkTakeoverBySameNode(t *testing.T) {
+	t.Parallel()
+	a, b, tb, tid := pairedPeers(t)
+	b.reg.cl.onTakeover(&nats.Msg{Data: []byte(a.reg.cl.node + " " + tid)})
+	sent := b.reg.Stats().Cluster.Direct
+	done := callVia(t, b, tid, "get_state", 0)
+	tb.answerNext(`{}`)
+	if err := recv(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if d := b.reg.Stats().Cluster.Direct - sent; d != 1 {
+		t.Fatalf("after the owner's own takeover, %d requests on the link for one call; want 1", d)
+	}
+	b.reg.cl.onTakeover(&nats.Msg{Data: []byte("n9 " + tid)})
+	if b.reg.cl.peerOf(tid) != nil {
+		t.Fatal("a takeover by another node left the old owner's link in place")
 	}
 }
