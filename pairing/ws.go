@@ -322,10 +322,13 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	repair, old, code, err := r.connect(s, c, rec.TokenHash, tabSecret)
 	if err != nil {
-		if code == CloseRestart {
+		switch code {
+		case CloseRestart:
 			r.refused.Add(1)
-		} else {
+		case CloseRevoked:
 			r.cfg.Logger.Info("pairing: the token changed during the upgrade", "tid", rec.TID, "err", err)
+		default: // the store did not take the connect: the tab retries
+			r.cfg.Logger.Warn("pairing: the token store did not record the tab's connect; closed it with 1011 (it reconnects)", "tid", rec.TID, "err", err)
 		}
 		if c.nc != nil {
 			_ = c.nc.SetDeadline(time.Now().Add(closeGrace))

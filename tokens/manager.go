@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -40,6 +41,12 @@ const TouchResolution = time.Second
 type Manager struct {
 	cfg       Config
 	lastSweep atomic.Int64 // Unix ms of the last sweep attempt
+	// touchDown holds, by tid, the Unix ms of a touch write the store did
+	// not take (it did not answer: Unavailable); none is tried again for
+	// TouchResolution. Without it, every call of a tab paid the store's
+	// timeout while the store could not write (JetStream without a quorum:
+	// +0.5 s a call).
+	touchDown sync.Map
 }
 
 // NewManager returns a Manager; it errors if cfg.Store is nil.
@@ -311,10 +318,21 @@ func (m *Manager) Touch(ctx context.Context, tid string) error {
 	if rec, err := m.cfg.Store.Get(ctx, tid); err == nil && now-rec.LastSeenAt < TouchResolution.Milliseconds() && now >= rec.LastSeenAt {
 		return nil
 	}
+	if v, ok := m.touchDown.Load(tid); ok {
+		if at := v.(int64); now-at < TouchResolution.Milliseconds() && now >= at {
+			return nil
+		}
+	}
 	_, err := m.cfg.Store.Update(ctx, tid, func(r *Record) error {
 		r.LastSeenAt = now
 		return nil
 	})
+	switch {
+	case err == nil:
+		m.touchDown.Delete(tid)
+	case Unavailable(err):
+		m.touchDown.Store(tid, now)
+	}
 	return err
 }
 

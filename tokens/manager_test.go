@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"github.com/lapd-dev/lapd/tokens"
@@ -770,4 +771,60 @@ func TestTouchResolution(t *testing.T) {
 			t.Error("Touch of an unknown tid must fail")
 		}
 	})
+}
+
+// downStore fails every Update as a store that does not answer (a NATS
+// timeout) and counts them.
+type downStore struct {
+	tokens.Store
+	updates atomic.Int32
+	down    atomic.Bool
+}
+
+func (s *downStore) Update(ctx context.Context, tid string, fn func(*tokens.Record) error) (tokens.Record, error) {
+	s.updates.Add(1)
+	if s.down.Load() {
+		return tokens.Record{}, nats.ErrTimeout
+	}
+	return s.Store.Update(ctx, tid, fn)
+}
+
+// A touch the store did not take is not tried again for TouchResolution:
+// while the store cannot write, every call of a tab would otherwise wait
+// for its timeout. Once it writes again, touching resumes.
+func TestTouchWhileStoreDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := &downStore{Store: tokens.NewMemoryStore()}
+	var now atomic.Int64
+	now.Store(time.Unix(1000, 0).UnixMilli())
+	m, err := tokens.NewManager(tokens.Config{Store: st, Clock: func() time.Time { return time.UnixMilli(now.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rec, err := m.Mint(ctx, "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.down.Store(true)
+	now.Add(5000)
+	before := st.updates.Load()
+	for range 5 {
+		if err := m.Touch(ctx, rec.TID); err != nil && !tokens.Unavailable(err) {
+			t.Fatal(err)
+		}
+		now.Add(100)
+	}
+	if n := st.updates.Load() - before; n != 1 {
+		t.Fatalf("5 touches within a second of a failed write made %d writes, want 1", n)
+	}
+	st.down.Store(false)
+	now.Add(int64(tokens.TouchResolution / time.Millisecond))
+	if err := m.Touch(ctx, rec.TID); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := m.Get(ctx, rec.TID)
+	if got.LastSeenAt != now.Load() {
+		t.Fatalf("LastSeenAt %d after the store came back, want %d", got.LastSeenAt, now.Load())
+	}
 }
