@@ -57,10 +57,11 @@ func TestLapbenchRuns(t *testing.T) {
 
 // TestLapbenchCluster runs the cluster configurations briefly: a
 // nats-server (built from its Go module, or $LAPD_NATS_SERVER), three
-// nodes, the agents on node A and on node B; figures, no errors, and the
-// audit line of each call counted whichever node wrote it.
+// nodes, the agents on node A and on node B (with the peer link in plain
+// TCP and in TLS); figures, no errors, and the audit line of each call
+// counted whichever node wrote it.
 func TestLapbenchCluster(t *testing.T) {
-	rep, _ := runLapbench(t, "-scenarios", "observe-2,idle-20", "-configs", "nats-local,nats-cross")
+	rep, _ := runLapbench(t, "-scenarios", "observe-2,idle-20", "-configs", "nats-local,nats-cross,nats-cross-tls")
 	seen := map[string]bool{}
 	for _, r := range rep.Medians {
 		seen[r.Scenario+"/"+r.Config] = true
@@ -71,7 +72,7 @@ func TestLapbenchCluster(t *testing.T) {
 			t.Errorf("%s/%s: figures %+v (want one audit line per call)", r.Scenario, r.Config, r)
 		}
 	}
-	for _, k := range []string{"observe-2/nats-local", "observe-2/nats-cross", "idle-20/nats-local"} {
+	for _, k := range []string{"observe-2/nats-local", "observe-2/nats-cross", "observe-2/nats-cross-tls", "idle-20/nats-local"} {
 		if !seen[k] {
 			t.Errorf("no result for %s", k)
 		}
