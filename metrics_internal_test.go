@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/pairing"
 )
@@ -84,5 +86,20 @@ func TestAuditRing(t *testing.T) {
 	}
 	if _, err := r.Query(context.Background(), audit.Filter{Until: 1}); err != nil {
 		t.Error(err)
+	}
+}
+
+// A 503 unavailable (a store that did not answer) is counted under its own
+// reason, the one to alert on when JetStream has no quorum.
+func TestRefusalUnavailableCounted(t *testing.T) {
+	m := newMetrics()
+	e := audit.Entry{Event: audit.EventRefused, Detail: map[string]any{"endpoint": "/agent/lap/v1/mint", "code": "unavailable"}}
+	_ = m.stream.Write(context.Background(), e)
+	if got := m.stream.refusals[[2]string{"lap", "unavailable"}]; got == nil {
+		t.Fatal("no lapd_refusals_total{surface=lap,reason=unavailable} counter")
+	}
+	var d dto.Metric
+	if err := m.stream.refusals[[2]string{"lap", "unavailable"}].Write(&d); err != nil || d.GetCounter().GetValue() != 1 {
+		t.Fatalf("counted %v (%v), want 1", d.GetCounter().GetValue(), err)
 	}
 }
