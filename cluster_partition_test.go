@@ -438,3 +438,65 @@ func TestClusterTakeoverRevisions(t *testing.T) {
 		t.Fatal("a takeover without a revision (an older lapd) was not obeyed")
 	}
 }
+
+// Two sockets for one tab connect at the same moment, one on each node
+// (a duplicated tab, a reconnect racing a stale one): one is left, the
+// other closed with 4002, whichever order the takeovers cross in, and
+// calls made on either node reach the one left.
+func TestClusterSimultaneousConnects(t *testing.T) {
+	t.Parallel()
+	for i := range 5 {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			t.Parallel()
+			ns := nodes(t, 2)
+			a, b := ns[0], ns[1]
+			ctx := ctxT(t)
+			app := lapdtest.DemoApp()
+			first, sess, err := a.Pair(ctx, lapdtest.WithApp(app))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer first.Close()
+			tabs := make([]*lapdtest.Tab, 2)
+			errs := make(chan error, 2)
+			for j, s := range []*lapdtest.Server{a, b} {
+				go func() {
+					var err error
+					tabs[j], err = lapdtest.Dial(ctx, s.WSURL(), sess.Token, lapdtest.WithTabSecret(sess.TabSecret), lapdtest.WithApp(app))
+					errs <- err
+				}()
+			}
+			for range 2 {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			defer tabs[0].Close()
+			defer tabs[1].Close()
+			var left, gone *lapdtest.Tab
+			select {
+			case <-tabs[0].Done():
+				left, gone = tabs[1], tabs[0]
+			case <-tabs[1].Done():
+				left, gone = tabs[0], tabs[1]
+			case <-time.After(10 * time.Second):
+				t.Fatal("both sockets are still open: two nodes hold the tab")
+			}
+			if c := gone.CloseStatus(); c != 4002 {
+				t.Fatalf("the socket let go of was closed with %d, want 4002", c)
+			}
+			for k, s := range []*lapdtest.Server{a, b} {
+				before := left.RPCCount("observe")
+				waitUntil(t, fmt.Sprintf("a call via node %d to reach the socket left", k), func() bool {
+					st, _, _ := post(t, s.LAPURL()+"/observe", sess.Token, `{}`)
+					return st == 200 && left.RPCCount("observe") > before
+				})
+			}
+			select {
+			case <-left.Done():
+				t.Fatalf("the socket left was closed too (%d)", left.CloseStatus())
+			default:
+			}
+		})
+	}
+}
