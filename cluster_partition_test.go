@@ -458,33 +458,43 @@ func TestClusterSimultaneousConnects(t *testing.T) {
 			}
 			defer first.Close()
 			tabs := make([]*lapdtest.Tab, 2)
-			errs := make(chan error, 2)
+			errs := make([]error, 2)
+			var wg sync.WaitGroup
 			for j, s := range []*lapdtest.Server{a, b} {
-				go func() {
-					var err error
-					tabs[j], err = lapdtest.Dial(ctx, s.WSURL(), sess.Token, lapdtest.WithTabSecret(sess.TabSecret), lapdtest.WithApp(app))
-					errs <- err
-				}()
+				wg.Go(func() {
+					tabs[j], errs[j] = lapdtest.Dial(ctx, s.WSURL(), sess.Token, lapdtest.WithTabSecret(sess.TabSecret), lapdtest.WithApp(app))
+				})
 			}
-			for range 2 {
-				if err := <-errs; err != nil {
-					t.Fatal(err)
+			wg.Wait()
+			var left *lapdtest.Tab
+			switch {
+			case errs[0] != nil && errs[1] != nil:
+				t.Fatalf("both sockets were refused: %v; %v", errs[0], errs[1])
+			case errs[0] != nil || errs[1] != nil:
+				// One was superseded before its hello-ack: the other is left.
+				k := 0
+				if errs[0] != nil {
+					k = 1
+				}
+				if !strings.Contains(errs[1-k].Error(), "4002") {
+					t.Fatalf("a socket refused with %v, want 4002 superseded", errs[1-k])
+				}
+				left = tabs[k]
+			default:
+				var gone *lapdtest.Tab
+				select {
+				case <-tabs[0].Done():
+					left, gone = tabs[1], tabs[0]
+				case <-tabs[1].Done():
+					left, gone = tabs[0], tabs[1]
+				case <-time.After(10 * time.Second):
+					t.Fatal("both sockets are still open: two nodes hold the tab")
+				}
+				if c := gone.CloseStatus(); c != 4002 {
+					t.Fatalf("the socket let go of was closed with %d, want 4002", c)
 				}
 			}
-			defer tabs[0].Close()
-			defer tabs[1].Close()
-			var left, gone *lapdtest.Tab
-			select {
-			case <-tabs[0].Done():
-				left, gone = tabs[1], tabs[0]
-			case <-tabs[1].Done():
-				left, gone = tabs[0], tabs[1]
-			case <-time.After(10 * time.Second):
-				t.Fatal("both sockets are still open: two nodes hold the tab")
-			}
-			if c := gone.CloseStatus(); c != 4002 {
-				t.Fatalf("the socket let go of was closed with %d, want 4002", c)
-			}
+			defer left.Close()
 			for k, s := range []*lapdtest.Server{a, b} {
 				before := left.RPCCount("observe")
 				waitUntil(t, fmt.Sprintf("a call via node %d to reach the socket left", k), func() bool {
