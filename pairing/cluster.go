@@ -998,11 +998,8 @@ func (c *cluster) pushLog(ctx context.Context, tid, id string, frame []byte) err
 	defer cancel()
 	_, err := c.request(ctx, tid, "logpush", b)
 	if errors.Is(err, errUnknownOp) {
-		if b, err = json.Marshal(callReq{Expect: id}); err == nil {
-			if _, err = c.request(ctx, tid, "expect", b); err == nil {
-				_, err = c.request(ctx, tid, "push", frame)
-			}
-		}
+		c.r.ExpectLog(tid, id)
+		_, err = c.request(ctx, tid, "push", frame)
 	}
 	return err
 }

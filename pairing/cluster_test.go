@@ -228,18 +228,10 @@ func testClusterPushLog(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	echoes := make(chan bool, 2)
-	var asked atomic.Int32
-	var refuse atomic.Bool
 	h := *a.reg.hooks.Load()
 	h.OnLogAppend = func(_ string, _ json.RawMessage, echo bool) { echoes <- echo }
-	h.OnAdmit = func(string) (bool, int64) {
-		asked.Add(1)
-		if refuse.Load() {
-			return false, 900
-		}
-		return true, 0
-	}
 	a.reg.SetHooks(h)
+	asked, refuse := countAdmits(a, 900)
 	tok, tid := a.mint("u")
 	tb := a.pair(tok)
 	if paired, _, err := b.reg.Admit(ctxT(t), tid); !paired || err != nil {
@@ -381,6 +373,22 @@ func (tb *tab) doneStatus() <-chan int {
 	return ch
 }
 
+// countAdmits installs e's OnAdmit: it counts its runs, and refuses (with
+// retryMs) while refuse is set.
+func countAdmits(e *env, retryMs int64) (asked *atomic.Int32, refuse *atomic.Bool) {
+	asked, refuse = new(atomic.Int32), new(atomic.Bool)
+	h := *e.reg.hooks.Load()
+	h.OnAdmit = func(string) (bool, int64) {
+		asked.Add(1)
+		if refuse.Load() {
+			return false, retryMs
+		}
+		return true, 0
+	}
+	e.reg.SetHooks(h)
+	return asked, refuse
+}
+
 // A deferred admit travels with the request's first forwarded call: one
 // round trip, OnAdmit run once on the owner before the tab sees anything;
 // refused, the call fails with *RateLimitError (not in doubt) and the tab
@@ -390,17 +398,7 @@ func TestClusterDeferredAdmit(t *testing.T) { bothLinks(t, testClusterDeferredAd
 func testClusterDeferredAdmit(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
-	var asked atomic.Int32
-	var refuse atomic.Bool
-	h := *a.reg.hooks.Load()
-	h.OnAdmit = func(string) (bool, int64) {
-		asked.Add(1)
-		if refuse.Load() {
-			return false, 1500
-		}
-		return true, 0
-	}
-	a.reg.SetHooks(h)
+	asked, refuse := countAdmits(a, 1500)
 	tok, tid := a.mint("u")
 	tb := a.pair(tok)
 
