@@ -180,6 +180,9 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 	if err != nil {
 		c.s.log.Warn("asking the tab's node failed", "tid", c.tid, "err", err)
 	}
+	if !paired && err != nil {
+		return nil, s.pausedNoAnswer(c.ctx, c.tid)
+	}
 	if !paired {
 		return nil, s.paused(c.ctx, c.tid)
 	}
@@ -383,10 +386,27 @@ const (
 	detailGone      = "this session no longer exists; " + askNewLine
 	detailNotPaired = "the app tab is not connected (it was never opened with this token, or it is closed); retry in %d s, and if it keeps failing ask the user to open the app tab and keep it open"
 	detailResuming  = "the app tab disconnected (a reload or a network drop) and may reconnect within %d s; retry in a few seconds, and if it keeps failing ask the user to reopen the app tab"
+	detailNoAnswer  = "the lapd node that holds the app tab did not answer (it is restarting, or cut off from this one); the tab reconnects to a live node by itself: retry in %d s, and if it keeps failing ask the user to reload the app tab"
 )
+
+// pausedNoAnswer is paused for a call whose admit the tab's node did not
+// answer, or whose connection to that node was lost (a cluster node
+// restarting, stopped, or cut off): for a tab the
+// record says is connected, the detail says that node did not answer
+// rather than "not connected", which would have the model ask the user to
+// open a tab that is open.
+func (s *Server) pausedNoAnswer(ctx context.Context, tid string) *apiError {
+	return s.pausedAs(ctx, tid, detailNoAnswer)
+}
 
 // paused builds the 503 paused response from tid's record.
 func (s *Server) paused(ctx context.Context, tid string) *apiError {
+	return s.pausedAs(ctx, tid, detailNotPaired)
+}
+
+// pausedAs is paused with notPaired (a format of one %d, the seconds to
+// wait) as the detail for a record that is not resuming, revoked or gone.
+func (s *Server) pausedAs(ctx context.Context, tid, notPaired string) *apiError {
 	e := &apiError{status: http.StatusServiceUnavailable, code: CodePaused}
 	rec, err := s.cfg.Tokens.Get(context.WithoutCancel(ctx), tid)
 	switch {
@@ -409,7 +429,7 @@ func (s *Server) paused(ctx context.Context, tid string) *apiError {
 	default:
 		e.reconnect = "pending"
 		e.retryAfterS = 5
-		e.detail = fmt.Sprintf(detailNotPaired, e.retryAfterS)
+		e.detail = fmt.Sprintf(notPaired, e.retryAfterS)
 	}
 	return e
 }
@@ -462,6 +482,8 @@ func (c *call) mapRPCErr(err error) *apiError {
 	switch {
 	case errors.As(err, &rl): // a deferred admit refused on the tab's node: the gate's 429
 		return rateLimited(rl.RetryAfterMs)
+	case errors.Is(err, pairing.ErrPaused) && errors.Is(err, pairing.ErrLinkLost):
+		return c.s.pausedNoAnswer(c.ctx, c.tid)
 	case errors.Is(err, pairing.ErrPaused):
 		return c.s.paused(c.ctx, c.tid)
 	case errors.Is(err, pairing.ErrTimeout):

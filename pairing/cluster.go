@@ -707,15 +707,16 @@ func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) 
 			p.l.fallback.Add(1)
 		case errors.Is(err, errNoLink):
 			p.l.fallback.Add(1)
-		default: // errLinkLost, or ctx ended
+		default: // ErrLinkLost, or ctx ended
 			c.failures.Add(1)
-			if errors.Is(err, errLinkLost) {
+			if errors.Is(err, ErrLinkLost) {
 				// The tab's node went away with the request on it: its
 				// tabs re-pair elsewhere (paused), and a call may have
-				// reached the tab (in doubt), as on a takeover.
-				err = ErrPaused
+				// reached the tab (in doubt), as on a takeover. (Still
+				// ErrLinkLost too: an admit reports the node silent.)
+				err = errors.Join(ErrPaused, ErrLinkLost)
 				if op == "call" {
-					err = inDoubt{ErrPaused}
+					err = inDoubt{err}
 				}
 			}
 			return nil, nil, err
@@ -865,8 +866,8 @@ func (c *cluster) admit(ctx context.Context, tid string) (paired bool, retryMs i
 	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
 	defer cancel()
 	b, err := c.request(ctx, tid, "admit", nil)
-	if errors.Is(err, ErrPaused) {
-		return false, 0, nil
+	if errors.Is(err, ErrPaused) && !errors.Is(err, ErrLinkLost) {
+		return false, 0, nil // no node holds it
 	}
 	if err != nil {
 		return false, 0, err

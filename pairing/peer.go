@@ -23,6 +23,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
@@ -114,7 +115,23 @@ const (
 	peerIdleTTL   = 10 * time.Second // …and more while used within this
 	peerDrain     = 2 * time.Second  // Shutdown: replies in flight may finish
 	peerLate      = time.Second      // an answer this late after the caller's deadline: the peer is gone
+
+	// A machine that is gone without a reset (power lost, cable cut,
+	// partition) leaves its connections open on this side. TCP finds it
+	// out: keep-alive probes after peerKeepIdle of silence, every
+	// peerKeepEvery, and (Linux) TCP_USER_TIMEOUT ends a connection whose
+	// probes or data go unacknowledged for peerUserTimeout. So a request
+	// waiting on such a node ends in about peerKeepIdle+peerUserTimeout
+	// (not at its deadline, which for a long poll is a minute), an idle
+	// connection to it is closed before a request is written on it, and
+	// the serving side does not keep a dead requester's connections.
+	peerKeepIdle    = 5 * time.Second
+	peerKeepEvery   = time.Second
+	peerUserTimeout = 5 * time.Second
 )
+
+// peerKeepAlive is the keep-alive of every peer-link connection (above).
+var peerKeepAlive = net.KeepAliveConfig{Enable: true, Idle: peerKeepIdle, Interval: peerKeepEvery, Count: int(peerUserTimeout / peerKeepEvery)}
 
 // errMoved: the peer does not hold the tab (and did nothing); errNoLink:
 // nothing was sent. Both send the request by NATS instead.
@@ -123,8 +140,12 @@ var (
 	errNoLink = errors.New("pairing: peer: no link")
 )
 
-// errLinkLost: the connection ended with the request sent and unanswered.
-var errLinkLost = errors.New("pairing: peer: the connection to the tab's node was lost")
+// ErrLinkLost: the connection to the tab's node (the peer link, between
+// cluster nodes) ended with a request sent and unanswered: that node
+// stopped, or its machine or the network to it is gone. A request that
+// fails so also fails with ErrPaused (the tab re-pairs elsewhere), and a
+// Call with ErrOutcomeUnknown.
+var ErrLinkLost = errors.New("pairing: peer: the connection to the tab's node was lost")
 
 // peerInfo is what an owner's admit reply says about its link.
 type peerInfo struct {
@@ -156,7 +177,8 @@ type peerLink struct {
 }
 
 func newPeerLink(c *cluster, listen, advertise, tlsMode string) (*peerLink, error) {
-	ln, err := net.Listen("tcp", listen)
+	lc := net.ListenConfig{KeepAliveConfig: peerKeepAlive} // (applied to each accepted connection)
+	ln, err := lc.Listen(context.Background(), "tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("pairing: peer link: listening on %s: %w", listen, err)
 	}
@@ -413,7 +435,8 @@ func (p *peer) dial() (*peerConn, error) {
 	if shutting {
 		return nil, ErrClosed
 	}
-	raw, err := net.DialTimeout("tcp", p.addr, peerHandshake)
+	d := net.Dialer{Timeout: peerHandshake, KeepAliveConfig: peerKeepAlive, Control: func(_, _ string, rc syscall.RawConn) error { return peerSockopt(rc) }}
+	raw, err := d.Dial("tcp", p.addr)
 	if err != nil {
 		return nil, err
 	}
@@ -557,7 +580,7 @@ func parseAnswer(b []byte) (a peerAnswer, ok bool) {
 }
 
 // request sends one request and reads its answer. errNoLink and errMoved
-// mean nothing was done (send it by NATS); errLinkLost means it was sent
+// mean nothing was done (send it by NATS); ErrLinkLost means it was sent
 // and not answered; ctx.Err() that ctx ended first. The caller releases the
 // answer's buf.
 func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []byte) (peerAnswer, error) {
@@ -604,7 +627,7 @@ func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []b
 		if wrote == 0 && ctx.Err() == nil {
 			return peerAnswer{}, errNoLink
 		}
-		return peerAnswer{}, errLinkLost
+		return peerAnswer{}, ErrLinkLost
 	}
 	p.l.sent.Add(1)
 	buf, b, err := readFrame(pc.br, uint32(p.l.c.r.cfg.MaxFrame)+1<<20, 2)
@@ -622,13 +645,13 @@ func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []b
 		if ctx.Err() != nil {
 			return peerAnswer{}, ctx.Err()
 		}
-		return peerAnswer{}, errLinkLost
+		return peerAnswer{}, ErrLinkLost
 	}
 	a, ok := parseAnswer(b)
 	if !ok {
 		putReadBuf(buf)
 		p.drop(pc)
-		return peerAnswer{}, errLinkLost
+		return peerAnswer{}, ErrLinkLost
 	}
 	if stopped || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		p.put(pc) // (the AfterFunc leaves the deadline alone for an expired ctx)
@@ -689,6 +712,11 @@ func (l *peerLink) accept() {
 		l.inbound[nc] = struct{}{}
 		l.c.r.wg.Add(1)
 		l.mu.Unlock()
+		if sc, ok := nc.(syscall.Conn); ok {
+			if rc, err := sc.SyscallConn(); err == nil {
+				_ = peerSockopt(rc) // without it, the keep-alive alone finds a gone requester
+			}
+		}
 		go l.serveConn(nc)
 	}
 }
