@@ -212,9 +212,12 @@ func TestClusterApprovalsAndTakeover(t *testing.T) {
 		t.Fatalf("confirm-result via A = %d %v", st, body)
 	}
 	// The second socket left the record awaiting-claude (as the reference
-	// does) and A's calls activated it; B's copy follows A's write through
-	// the bucket's watch.
+	// does) and A's calls activate it; B's copy follows A's write through
+	// the bucket's watch. A call reads A's replica of the record, which
+	// on a loaded machine may not have B's write yet (then it activates
+	// nothing): the next call does, as the model's next call would.
 	waitUntil(t, "the record active on B", func() bool {
+		post(t, a.LAPURL()+"/observe", sess.Token, `{}`) // (a 429 from the tab's rate limit does no harm here)
 		rec, err := b.Lapd.Tokens().Get(ctx, sess.TID)
 		if err == nil && rec.Status == "pending-resume" {
 			t.Fatalf("record after takeover = %+v: the old node marked it pending-resume", rec)

@@ -331,6 +331,19 @@ func Dial(ctx context.Context, wsURL, token string, opts ...Option) (*Tab, error
 	go t.readLoop()
 	if c.sendHello {
 		if err := t.Send(ctx, c.hello); err != nil {
+			// lapd may have closed the socket before the hello went out (a
+			// takeover elsewhere, a refusal): its close frame, which the
+			// reader has or is about to have, says why.
+			wait := time.NewTimer(time.Second)
+			select {
+			case <-t.done:
+				if websocket.CloseStatus(t.Err()) != -1 {
+					err = t.Err()
+				}
+			case <-wait.C:
+			case <-ctx.Done():
+			}
+			wait.Stop()
 			t.Abort()
 			return nil, fmt.Errorf("lapdtest: send hello: %w", err)
 		}
