@@ -114,7 +114,13 @@ func runServer(tb testing.TB, bin, dataDir string, args ...string) *server {
 // waits for it. It is stopped gracefully on cleanup.
 func launchServer(tb testing.TB, bin, dataDir string, args ...string) *server {
 	tb.Helper()
-	cmd := exec.Command(bin, append([]string{"serve"}, args...)...)
+	return launchCmd(tb, exec.Command(bin, append([]string{"serve"}, args...)...), dataDir)
+}
+
+// launchCmd is launchServer for a command made by the caller (`ip netns
+// exec NS lapd serve …`, which runs lapd itself in the namespace).
+func launchCmd(tb testing.TB, cmd *exec.Cmd, dataDir string) *server {
+	tb.Helper()
 	cmd.Env = append(os.Environ(), "LAPD_ADDR=", "LAPD_DATA_DIR=")
 	s := &server{DataDir: dataDir, cmd: cmd, stderr: &syncBuffer{}, audit: &syncBuffer{}, done: make(chan struct{}), urlc: make(chan string, 1)}
 	cmd.Stdout = s.audit
