@@ -375,6 +375,7 @@ func markdown(rep Report) string {
 		}
 	}
 	b.WriteString(targets(rep.Medians))
+	b.WriteString(clusterTargets(rep))
 	return b.String()
 }
 
@@ -437,5 +438,99 @@ func targets(ms []Result) string {
 	b.WriteString("\nReference server (not runnable here; issue #7's figures, same kind of machine): /observe ×1 1,391–1,418 req/s p50 607–616 µs; " +
 		"×16 2,468–2,783 req/s; /message ×16 3,470–4,648 req/s; MCP observe ×8 772–811 calls/s; ~5 KB RSS per idle tab; " +
 		"server CPU 0.45 ms (/observe ×16) and 0.30 ms (/message ×16) per request.\n")
+	return b.String()
+}
+
+// clusterTargets checks issue #12's targets when a run has nats-local and
+// nats-cross: cross ÷ local throughput (≥ 0.7×) and p50 (≤ +150 µs at one
+// agent), for each run's pair as well as their median (the two
+// configurations alternate, so a run's pair shares the machine's mood), and
+// an idle tab's RSS with --nats against default (≤ +2 KiB).
+func clusterTargets(rep Report) string {
+	type pair struct{ local, cross Result }
+	runs := map[string]map[int]*pair{}
+	var order []string
+	for _, r := range rep.Results {
+		if r.Config != "nats-local" && r.Config != "nats-cross" || r.Tabs > 0 {
+			continue
+		}
+		if runs[r.Scenario] == nil {
+			runs[r.Scenario] = map[int]*pair{}
+			order = append(order, r.Scenario)
+		}
+		p := runs[r.Scenario][r.Run]
+		if p == nil {
+			p = &pair{}
+			runs[r.Scenario][r.Run] = p
+		}
+		if r.Config == "nats-local" {
+			p.local = r
+		} else {
+			p.cross = r
+		}
+	}
+	var b strings.Builder
+	row := func(what, got, verdict string) {
+		if b.Len() == 0 {
+			b.WriteString("\n| target (issue #12, cluster) | measured (median; each run) | |\n| --- | --- | --- |\n")
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", what, got, verdict)
+	}
+	verdict := func(med float64, each []float64, ok func(float64) bool) string {
+		all := true
+		for _, v := range each {
+			all = all && ok(v)
+		}
+		switch {
+		case ok(med) && all:
+			return "met"
+		case ok(med):
+			return "met by the median, not by every run"
+		}
+		return "**not met**"
+	}
+	median := func(v []float64) float64 {
+		w := slices.Clone(v)
+		slices.Sort(w)
+		return w[len(w)/2]
+	}
+	list := func(v []float64, f string) string {
+		s := make([]string, len(v))
+		for i, x := range v {
+			s[i] = fmt.Sprintf(f, x)
+		}
+		return strings.Join(s, ", ")
+	}
+	for _, sc := range order {
+		var ratio, dp50 []float64
+		for run := 0; run <= len(runs[sc])+1; run++ {
+			p := runs[sc][run]
+			if p != nil && p.local.ReqPerS > 0 && p.cross.ReqPerS > 0 {
+				ratio = append(ratio, p.cross.ReqPerS/p.local.ReqPerS)
+				dp50 = append(dp50, p.cross.P50us-p.local.P50us)
+			}
+		}
+		if len(ratio) == 0 {
+			continue
+		}
+		m := median(ratio)
+		row(sc+": cross-node req/s ≥ 0.7× nats-local", fmt.Sprintf("%.2f× (%s)", m, list(ratio, "%.2f")), verdict(m, ratio, func(v float64) bool { return v >= 0.7 }))
+		if strings.HasSuffix(sc, "-1") {
+			m := median(dp50)
+			row(sc+": cross-node p50 ≤ +150 µs", fmt.Sprintf("%+.0f µs (%s)", m, list(dp50, "%+.0f")), verdict(m, dp50, func(v float64) bool { return v <= 150 }))
+		}
+	}
+	for _, r := range rep.Medians {
+		if r.Tabs == 0 || !strings.HasPrefix(r.Config, "nats-") {
+			continue
+		}
+		for _, d := range rep.Medians {
+			if d.Scenario == r.Scenario && d.Config == "default" {
+				settled, gc := r.RSSPerTabKiB-d.RSSPerTabKiB, r.RSSPerTabGCKiB-d.RSSPerTabGCKiB
+				row(r.Scenario+" "+r.Config+": idle tab ≤ +2 KiB RSS against default (settled / after a GC)",
+					fmt.Sprintf("%+.1f / %+.1f KiB", settled, gc), verdict(settled, []float64{gc}, func(v float64) bool { return v <= 2 }))
+			}
+		}
+	}
 	return b.String()
 }

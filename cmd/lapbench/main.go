@@ -53,6 +53,10 @@
 //	nats-cross-tls nats-cross with --peer-tls on (the link as between
 //	               machines)
 //
+// With nats-local and nats-cross in one invocation the report ends with
+// issue #12's targets: cross ÷ local throughput and p50, per run (the two
+// alternate) and their median, and an idle tab's RSS against default.
+//
 // Every configuration also gets --addr 127.0.0.1:0, a fresh --data-dir and
 // --lap-rate/--mint-rate 1e9 (the rate limits would refuse a load test).
 //

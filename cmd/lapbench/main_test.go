@@ -110,3 +110,37 @@ func runLapbench(t *testing.T, args ...string) (Report, string) {
 	}
 	return rep, stdout.String()
 }
+
+// clusterTargets pairs each run's nats-local and nats-cross and judges the
+// median and every run.
+func TestClusterTargets(t *testing.T) {
+	res := func(sc, cfg string, run int, rps, p50 float64) Result {
+		return Result{Scenario: sc, Config: cfg, Run: run, ReqPerS: rps, P50us: p50}
+	}
+	rep := Report{Results: []Result{
+		res("observe-16", "nats-local", 1, 1000, 700), res("observe-16", "nats-cross", 1, 690, 1200),
+		res("observe-16", "nats-local", 2, 1000, 700), res("observe-16", "nats-cross", 2, 720, 1200),
+		res("observe-16", "nats-local", 3, 1000, 700), res("observe-16", "nats-cross", 3, 710, 1200),
+		res("observe-1", "nats-local", 1, 4000, 220), res("observe-1", "nats-cross", 1, 2000, 400),
+		res("observe-1", "nats-local", 2, 4000, 220), res("observe-1", "nats-cross", 2, 2000, 300),
+		res("observe-1", "nats-local", 3, 4000, 220), res("observe-1", "nats-cross", 3, 2000, 410),
+	}}
+	rep.Medians = []Result{
+		{Scenario: "idle-1000", Config: "default", Tabs: 1000, RSSPerTabKiB: 4.5, RSSPerTabGCKiB: 6.5},
+		{Scenario: "idle-1000", Config: "nats-local", Tabs: 1000, RSSPerTabKiB: 5.0, RSSPerTabGCKiB: 7.0},
+	}
+	out := clusterTargets(rep)
+	for _, want := range []string{
+		"| observe-16: cross-node req/s ≥ 0.7× nats-local | 0.71× (0.69, 0.72, 0.71) | met by the median, not by every run |",
+		"| observe-1: cross-node req/s ≥ 0.7× nats-local | 0.50× (0.50, 0.50, 0.50) | **not met** |",
+		"| observe-1: cross-node p50 ≤ +150 µs | +180 µs (+180, +80, +190) | **not met** |",
+		"| idle-1000 nats-local: idle tab ≤ +2 KiB RSS against default (settled / after a GC) | +0.5 / +0.5 KiB | met |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("clusterTargets lacks %q:\n%s", want, out)
+		}
+	}
+	if clusterTargets(Report{Results: []Result{res("observe-16", "default", 1, 1000, 700)}}) != "" {
+		t.Error("a run without the cluster configurations got cluster targets")
+	}
+}
