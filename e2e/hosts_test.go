@@ -49,20 +49,43 @@ func TestClusterSeparateHosts(t *testing.T) {
 	var hosts [3]*server
 	for i := range hosts {
 		dir := t.TempDir()
-		cmd := exec.Command("ip", "netns", "exec", hn.ns[i], lapdBin, "serve",
-			"--addr", hn.ip[i]+":8780", "--data-dir", dir, "--nats", natsURL, "--node-id", fmt.Sprint("h", i),
-			"--peer-listen", hn.ip[i]+":7422", "--allow-anonymous", "true", "--lap-rate", "6000", "--log-level", "info")
-		hosts[i] = launchCmd(t, cmd, dir)
+		args := []string{"netns", "exec", hn.ns[i], lapdBin, "serve",
+			"--addr", hn.ip[i] + ":8780", "--data-dir", dir, "--nats", natsURL, "--node-id", fmt.Sprint("h", i),
+			"--allow-anonymous", "true", "--lap-rate", "6000", "--log-level", "info"}
+		if i < 2 { // host 2 keeps the default: a loopback link, which only NATS can reach from elsewhere
+			args = append(args, "--peer-listen", hn.ip[i]+":7422")
+		}
+		hosts[i] = launchCmd(t, exec.Command("ip", args...), dir)
 	}
 	for i, h := range hosts {
 		h.awaitListening(t)
 		waitCond(t, "the peer link's start line", 10*time.Second, func() bool { return strings.Contains(h.stderr.String(), "cluster peer link") })
-		if !strings.Contains(h.stderr.String(), "tls=true") {
-			t.Fatalf("host %d: the peer link between hosts is not TLS by default:\n%s", i, h.stderr.String())
+		if want := i < 2; strings.Contains(h.stderr.String(), "tls=true") != want {
+			t.Fatalf("host %d: the peer link's TLS is not %v (on between hosts, off on loopback):\n%s", i, want, h.stderr.String())
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
+
+	// A tab on host 2, whose link listens on its own loopback: host 0 does
+	// not dial "127.0.0.1:…" (that is its own loopback), it goes by NATS.
+	other, err := lapdtest.Mint(ctx, nil, hosts[2].URL+"/agent/mint")
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherTab, err := other.Pair(ctx, lapdtest.WithApp(lapdtest.DemoApp()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer otherTab.Close()
+	for range 3 {
+		if st, b, err := hostsPost(ctx, hosts[0].URL+"/agent/lap/v1/observe", other.Token, map[string]any{}); err != nil || st != 200 {
+			t.Fatalf("/observe via host 0 for the tab on host 2 = %d %s %v", st, b, err)
+		}
+	}
+	if log := hosts[0].stderr.String(); strings.Contains(log, "cannot reach a node directly") || !strings.Contains(log, "listens on loopback on another machine") {
+		t.Fatalf("host 0 tried host 2's loopback link, or did not say why it does not:\n%s", log)
+	}
 
 	// A tab on host 0; calls through hosts 1 and 2 reach it over TLS.
 	sess, err := lapdtest.Mint(ctx, nil, hosts[0].URL+"/agent/mint")

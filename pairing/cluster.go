@@ -500,10 +500,11 @@ type wireErr struct {
 
 // Headers of a request that carries its admit, and of the owner's reply.
 const (
-	hdrAdmit  = "Lapd-Admit"
-	hdrGen    = "Lapd-Gen"
-	hdrHealth = "Lapd-Health"
-	hdrPeer   = "Lapd-Peer" // the owner's peer link: "<node> <addr> <key> [<cert>]"
+	hdrAdmit   = "Lapd-Admit"
+	hdrGen     = "Lapd-Gen"
+	hdrHealth  = "Lapd-Health"
+	hdrPeer    = "Lapd-Peer"     // the owner's peer link: "<node> <addr> <key> [<cert>]"
+	hdrPeerNet = "Lapd-Peer-Net" // its network namespace (peerInfo.Net)
 )
 
 // RateLimitError is the error of a Call, CallReply or Watch whose deferred
@@ -739,6 +740,7 @@ func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) 
 					if len(f) == 4 {
 						pi.Cert = f[3]
 					}
+					pi.Net = m.Header.Get(hdrPeerNet)
 					c.setPeer(tid, c.peer.learn(pi), nil)
 				}
 			}
@@ -1041,6 +1043,9 @@ func (c *cluster) handleNATS(m *nats.Msg) {
 					v += " " + pi.Cert
 				}
 				h[hdrPeer] = []string{v}
+				if pi.Net != "" {
+					h[hdrPeerNet] = []string{pi.Net}
+				}
 			}
 			_ = m.RespondMsg(&nats.Msg{Data: *out, Header: h})
 			putReply(out)

@@ -115,6 +115,7 @@ const (
 	peerIdleTTL   = 10 * time.Second // …and more while used within this
 	peerDrain     = 2 * time.Second  // Shutdown: replies in flight may finish
 	peerLate      = time.Second      // an answer this late after the caller's deadline: the peer is gone
+	peerLogEvery  = 10 * time.Minute // a node that stays unreachable is logged again this often
 
 	// A machine that is gone without a reset (power lost, cable cut,
 	// partition) leaves its connections open on this side. TCP finds it
@@ -153,6 +154,7 @@ type peerInfo struct {
 	Addr string `json:"addr"`
 	Key  string `json:"key"`            // hex
 	Cert string `json:"cert,omitempty"` // hex SHA-256 of the listener's TLS certificate; "" = plain TCP
+	Net  string `json:"net,omitempty"`  // the node's network namespace (netID); "" = unknown
 }
 
 // peerLink is a node's side of the link: its listener and its connections
@@ -170,6 +172,8 @@ type peerLink struct {
 	perIP    map[string]*connBucket // new inbound connections by remote address
 	draining bool                   // Shutdown: no request read from now on is served
 	closed   bool
+
+	elsewhere map[string]bool // nodes whose loopback link is in another network namespace (logged once each)
 
 	inflight                 sync.WaitGroup // requests served here, until their reply is written (Add under mu, before draining)
 	sent, fallback, refusals atomic.Int64
@@ -201,8 +205,8 @@ func newPeerLink(c *cluster, listen, advertise, tlsMode string) (*peerLink, erro
 	}
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	l := &peerLink{c: c, ln: ln, key: key, info: peerInfo{Node: c.node, Addr: addr, Key: hex.EncodeToString(key)},
-		peers: map[string]*peer{}, inbound: map[net.Conn]struct{}{}, perIP: map[string]*connBucket{}}
+	l := &peerLink{c: c, ln: ln, key: key, info: peerInfo{Node: c.node, Addr: addr, Key: hex.EncodeToString(key), Net: netID()},
+		peers: map[string]*peer{}, inbound: map[net.Conn]struct{}{}, perIP: map[string]*connBucket{}, elsewhere: map[string]bool{}}
 	if useTLS {
 		cert, sum, err := selfSigned(c.node)
 		if err != nil {
@@ -273,6 +277,17 @@ func (l *peerLink) learn(pi *peerInfo) *peer {
 	if l.closed {
 		return nil
 	}
+	if pi.Net != "" && l.info.Net != "" && pi.Net != l.info.Net && loopback(pi.Addr) {
+		// Its 127.0.0.1 is not ours (another machine, or another network
+		// namespace on this one): dialling it would reach whatever listens
+		// on that port here, this node's own link included. NATS carries
+		// its requests, as the docs promise when --peer-listen is left.
+		if !l.elsewhere[pi.Node] && len(l.elsewhere) < maxRemote {
+			l.elsewhere[pi.Node] = true
+			l.c.r.cfg.Logger.Info("cluster peer link: a node's link listens on loopback on another machine (or network namespace); calls for its tabs go by NATS. To send them directly, start it with --peer-listen on an address this node reaches", "node", pi.Node, "addr", pi.Addr)
+		}
+		return nil
+	}
 	p := l.peers[pi.Node]
 	if p != nil && p.addr == pi.Addr && hmac.Equal(p.key, key) && bytes.Equal(p.cert, cert) {
 		return p
@@ -306,7 +321,9 @@ type peer struct {
 	idle     []*peerConn // most recently used last
 	open     int         // connections open, idle or in use (and dials under way)
 	badUntil time.Time
-	gone     bool // the node changed address or key, or the link closed
+	failing  time.Time // since when dials fail (zero: the last one worked)
+	loggedAt time.Time // the last dial failure logged
+	gone     bool      // the node changed address or key, or the link closed
 }
 
 // peerConn is one connection to a peer, used by one request at a time.
@@ -348,13 +365,30 @@ func (p *peer) take() *peerConn {
 	p.open++
 	p.mu.Unlock()
 	pc, err := p.dial()
+	now := time.Now()
 	if err != nil {
 		p.mu.Lock()
 		p.open--
-		p.badUntil = time.Now().Add(peerRetry)
+		p.badUntil = now.Add(peerRetry)
+		log := p.failing.IsZero() || now.Sub(p.loggedAt) >= peerLogEvery
+		if p.failing.IsZero() {
+			p.failing = now
+		}
+		if log {
+			p.loggedAt = now
+		}
 		p.mu.Unlock()
-		p.l.c.r.cfg.Logger.Warn("pairing: peer link: cannot reach a node directly; its requests go by NATS", "node", p.node, "addr", p.addr, "err", err)
+		if log { // when it turns unreachable, then every peerLogEvery (a dial every peerRetry)
+			p.l.c.r.cfg.Logger.Warn("pairing: peer link: cannot reach a node directly; its requests go by NATS", "node", p.node, "addr", p.addr, "err", err)
+		}
 		return nil
+	}
+	p.mu.Lock()
+	since := p.failing
+	p.failing = time.Time{}
+	p.mu.Unlock()
+	if !since.IsZero() {
+		p.l.c.r.cfg.Logger.Info("pairing: peer link: a node is reachable directly again", "node", p.node, "addr", p.addr, "after", now.Sub(since).Round(time.Second))
 	}
 	return pc
 }
@@ -972,4 +1006,17 @@ func selfSigned(node string) (tls.Certificate, []byte, error) {
 	}
 	sum := sha256.Sum256(der)
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, sum[:], nil
+}
+
+// loopback reports whether addr (host:port) is a loopback address.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

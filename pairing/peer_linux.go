@@ -3,6 +3,8 @@
 package pairing
 
 import (
+	"os"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -21,4 +23,21 @@ func peerSockopt(rc syscall.RawConn) error {
 		return err
 	}
 	return serr
+}
+
+// netID names this process's network namespace on this running kernel:
+// the kernel's boot id and the namespace's inode. Two nodes share a
+// loopback address exactly when their netIDs are equal (an inode alone
+// repeats across machines: every machine's first namespace has the same).
+// "" when /proc cannot say.
+func netID() string {
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	ns, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(boot)) + "/" + strings.Trim(strings.TrimPrefix(ns, "net:"), "[]")
 }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -709,5 +710,47 @@ func TestPeerLinkTakeoverBySameNode(t *testing.T) {
 	b.reg.cl.onTakeover(&nats.Msg{Data: []byte("n9 " + tid)})
 	if b.reg.cl.peerOf(tid) != nil {
 		t.Fatal("a takeover by another node left the old owner's link in place")
+	}
+}
+
+// A node whose link listens on loopback in another network namespace (or on
+// another machine) is not dialled: its 127.0.0.1 is not this node's, and
+// what listens on that port here, this node's own link included, is not
+// it. Its requests go by NATS. The same address in this node's namespace,
+// or from a node that does not say where it is, is dialled as before.
+func TestPeerLinkLoopbackElsewhere(t *testing.T) {
+	t.Parallel()
+	a, b, tb, tid := pairedPeers(t)
+	own := b.reg.cl.peer
+	if own.info.Net == "" && runtime.GOOS == "linux" {
+		t.Fatal("no network namespace id on Linux")
+	}
+	info := a.reg.cl.peer.info
+	info.Net = "another-machine/1"
+	info.Addr = own.info.Addr // B's own link: a node of another machine advertising the same loopback port
+	p := own.learn(&info)
+	if p != nil {
+		t.Fatalf("learned a loopback link of another network namespace: %+v", p)
+	}
+	b.reg.cl.setPeer(tid, p, nil) // as an admit reply naming that link would
+	done := callVia(t, b, tid, "get_state", 0)
+	tb.answerNext(`{}`)
+	if err := recv(t, done); err != nil {
+		t.Fatalf("call for a tab whose node's link is elsewhere = %v", err)
+	}
+	if n := own.refusals.Load(); n != 0 {
+		t.Fatalf("B's link refused %d connections: it dialled itself", n)
+	}
+	for _, net := range []string{own.info.Net, ""} {
+		info := a.reg.cl.peer.info
+		info.Net = net
+		if own.learn(&info) == nil {
+			t.Fatalf("the link of a node in this namespace (net %q) was not learned", net)
+		}
+	}
+	info = a.reg.cl.peer.info
+	info.Net, info.Addr = "another-machine/1", "10.0.0.5:7422"
+	if own.learn(&info) == nil {
+		t.Fatal("a routable address of another machine was not learned")
 	}
 }
