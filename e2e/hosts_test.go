@@ -23,9 +23,11 @@ import (
 // TestClusterSeparateHosts runs the cluster as on three machines: each
 // `lapd serve --nats` in a Linux network namespace of its own (its own
 // loopback, interfaces and ports), joined by veth pairs to a bridge in the
-// test's namespace, where nats-server and the tab are. The nodes dial each
-// other's non-loopback addresses, so the peer link speaks TLS (its "auto"
-// default), as between machines. Then the tab's host is cut off the network
+// test's namespace, where nats-server and the tab are. Hosts 0 and 1 listen
+// for the peer link on their addresses, so it speaks TLS (its "auto"
+// default), as between machines; host 2 keeps the default, its own
+// loopback, which the others must not dial (their 127.0.0.1 is their own):
+// its tab's calls go by NATS, without a warning. Then the tab's host is cut off the network
 // without a reset (its link set down: a machine that lost power, a cable
 // pulled), which loopback cannot show:
 //
