@@ -469,7 +469,10 @@ func (p *peer) dial() (*peerConn, error) {
 	if shutting {
 		return nil, ErrClosed
 	}
-	d := net.Dialer{Timeout: peerHandshake, KeepAliveConfig: peerKeepAlive, Control: func(_, _ string, rc syscall.RawConn) error { return peerSockopt(rc) }}
+	d := net.Dialer{Timeout: peerHandshake, KeepAliveConfig: peerKeepAlive, Control: func(_, _ string, rc syscall.RawConn) error {
+		_ = peerSockopt(rc) // without it, the keep-alive alone finds a gone peer
+		return nil
+	}}
 	raw, err := d.Dial("tcp", p.addr)
 	if err != nil {
 		return nil, err
