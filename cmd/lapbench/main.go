@@ -89,6 +89,17 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && (os.Args[1] == "link-shapes" || os.Args[1] == "link-shapes-server") {
+		f := func() error { return linkShapes(os.Stdout) }
+		if os.Args[1] == "link-shapes-server" {
+			f = linkShapesServer
+		}
+		if err := f(); err != nil {
+			fmt.Fprintln(os.Stderr, os.Args[1]+":", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {

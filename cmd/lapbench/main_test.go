@@ -7,8 +7,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestMain lets the test binary play the floor server, as lapbench
@@ -20,7 +22,35 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if len(os.Args) > 1 && os.Args[1] == "link-shapes-server" {
+		if err := linkShapesServer(); err != nil {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
+}
+
+// link-shapes measures both shapes of a link at 1 and 16 callers, twice.
+func TestLinkShapes(t *testing.T) {
+	var out strings.Builder
+	if err := linkShapesFor(&out, 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	for _, l := range strings.Split(out.String(), "\n") {
+		f := strings.Split(l, "|")
+		if len(f) != 7 || (strings.TrimSpace(f[1]) != "per-conn" && strings.TrimSpace(f[1]) != "mux") {
+			continue
+		}
+		rows++
+		if rt, err := strconv.ParseFloat(strings.TrimSpace(f[3]), 64); err != nil || rt <= 0 {
+			t.Errorf("no round trips in %q", l)
+		}
+	}
+	if rows != 8 {
+		t.Fatalf("%d rows, want 8:\n%s", rows, out.String())
+	}
 }
 
 // TestLapbenchRuns runs every kind of scenario briefly against the real
