@@ -8,6 +8,7 @@
 //	go run ./cmd/lapbench -runs 3 -json out.json
 //	go run ./cmd/lapbench -scenarios idle-1000,idle-10000 -configs default
 //	go run ./cmd/lapbench -profile prof/       # CPU + allocs profile of each scenario
+//	go run ./cmd/lapbench link-shapes          # two shapes of a link between nodes (linkshapes.go)
 //
 // Every scenario starts a fresh server per configuration, mints tokens,
 // pairs one fake tab per agent (hello with the demo Taskboard's policy,
