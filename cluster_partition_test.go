@@ -497,8 +497,15 @@ func TestClusterSimultaneousConnects(t *testing.T) {
 			defer left.Close()
 			for k, s := range []*lapdtest.Server{a, b} {
 				before := left.RPCCount("observe")
+				var last string
+				defer func() {
+					if t.Failed() {
+						t.Logf("via node %d, the last answer: %s; tabs held: A %d, B %d; the first socket closed: %v", k, last, a.Lapd.Stats().Pairing.ActiveTabs, b.Lapd.Stats().Pairing.ActiveTabs, first.Err())
+					}
+				}()
 				waitUntil(t, fmt.Sprintf("a call via node %d to reach the socket left", k), func() bool {
-					st, _, _ := post(t, s.LAPURL()+"/observe", sess.Token, `{}`)
+					st, _, body := post(t, s.LAPURL()+"/observe", sess.Token, `{}`)
+					last = fmt.Sprintf("%d %v", st, body)
 					return st == 200 && left.RPCCount("observe") > before
 				})
 			}
