@@ -120,8 +120,8 @@ type cluster struct {
 	status chan nats.Status // CONNECTED after a reconnect: re-announce (see reassert)
 
 	mu     sync.Mutex
-	subs   map[string]*nats.Subscription // tids held here
-	remote map[string]*remoteTab         // tids held elsewhere (cache)
+	subs   map[string]tabSub     // tids held here
+	remote map[string]*remoteTab // tids held elsewhere (cache)
 
 	forwarded, noResponders, failures, served atomic.Int64
 	reasserts                                 atomic.Int64 // takeovers re-published after a reconnect
@@ -165,7 +165,7 @@ func newCluster(r *Registry, nc *nats.Conn, prefix, node, peerListen, peerAdvert
 		node = newID()
 	}
 	c := &cluster{r: r, nc: nc, prefix: prefix, node: node, in: make(chan *nats.Msg, 4096), work: make(chan *nats.Msg),
-		subs: map[string]*nats.Subscription{}, remote: map[string]*remoteTab{}}
+		subs: map[string]tabSub{}, remote: map[string]*remoteTab{}}
 	sub, err := nc.Subscribe(prefix+".takeover", c.onTakeover)
 	if err != nil {
 		return nil, err
@@ -294,22 +294,37 @@ func (c *cluster) subject(tid, op string) string {
 	return c.prefix + ".tab." + kvrep.Key(tid) + "." + op
 }
 
-// own subscribes to tid's subjects (a socket for tid of revision rev is
-// now here) and tells the other nodes to let go of it.
-func (c *cluster) own(tid string, rev uint64) {
+// tabSub is the subscription to a tid's subjects and the socket it now
+// serves: only that socket's end unsubscribes (disown). A socket that
+// ends (superseded here or elsewhere, closed) disowns after it let go of
+// the session, outside its locks, so a newer socket of this node may have
+// registered, and found the subscription in place, in between: without
+// the owner the late disown left this node holding the tab unsubscribed,
+// and other nodes answered "paused" for a tab that was connected.
+type tabSub struct {
+	sub   *nats.Subscription
+	owner *conn
+}
+
+// own subscribes to tid's subjects (socket c for tid, of revision c.rev,
+// is now here) and tells the other nodes to let go of it.
+func (c *cluster) own(tid string, sock *conn) {
 	c.mu.Lock()
 	delete(c.remote, tid)
-	if _, ok := c.subs[tid]; !ok {
+	if ts, ok := c.subs[tid]; ok {
+		ts.owner = sock
+		c.subs[tid] = ts
+	} else {
 		sub, err := c.nc.ChanQueueSubscribe(c.subject(tid, "*"), "owner", c.in)
 		if err != nil {
 			c.mu.Unlock()
 			c.r.cfg.Logger.Error("pairing: cluster: subscribing for a tab failed; other nodes cannot reach it", "tid", tid, "err", err)
 			return
 		}
-		c.subs[tid] = sub
+		c.subs[tid] = tabSub{sub: sub, owner: sock}
 	}
 	c.mu.Unlock()
-	c.announce(tid, rev)
+	c.announce(tid, sock.rev)
 	// One round trip: the server has the subscription before the tab gets
 	// its hello-ack, so a call made on another node right after pairing
 	// finds it.
@@ -318,15 +333,18 @@ func (c *cluster) own(tid string, rev uint64) {
 	}
 }
 
-// disown unsubscribes from tid's subjects.
-func (c *cluster) disown(tid string) {
+// disown unsubscribes from tid's subjects if socket sock (nil: any socket
+// of session s, which was dropped) is the one they serve.
+func (c *cluster) disown(tid string, sock *conn, s *session) {
 	c.mu.Lock()
-	sub := c.subs[tid]
+	ts, ok := c.subs[tid]
+	if !ok || ts.owner != sock && (sock != nil || ts.owner != nil && ts.owner.s != s) {
+		c.mu.Unlock()
+		return // a newer socket here owns them now
+	}
 	delete(c.subs, tid)
 	c.mu.Unlock()
-	if sub != nil {
-		_ = sub.Unsubscribe()
-	}
+	_ = ts.sub.Unsubscribe()
 }
 
 // liveElsewhere reports whether another node holds tid's socket now. Call
@@ -412,7 +430,7 @@ func (c *cluster) onTakeover(m *nats.Msg) {
 	if old == nil {
 		return
 	}
-	c.disown(tid)
+	c.disown(tid, old, s)
 	r.superseded.Add(1)
 	old.close(CloseSuperseded, "superseded")
 	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": "superseded-elsewhere"}})
@@ -481,11 +499,11 @@ func (c *cluster) close() {
 	_ = c.tkSub.Unsubscribe()
 	c.mu.Lock()
 	subs := c.subs
-	c.subs = map[string]*nats.Subscription{}
+	c.subs = map[string]tabSub{}
 	c.remote = map[string]*remoteTab{}
 	c.mu.Unlock()
-	for _, s := range subs {
-		_ = s.Unsubscribe()
+	for _, ts := range subs {
+		_ = ts.sub.Unsubscribe()
 	}
 }
 

@@ -595,3 +595,41 @@ func testClusterConcurrentCallsOnWorkers(t *testing.T, link linkMode) {
 		}
 	}
 }
+
+// A socket that ends disowns its tid's subscription only if it is still
+// the socket the subscription serves: a newer socket of this node that
+// registered in between (its own() found the subscription in place) keeps
+// it. Before, the late disown of a closed socket unsubscribed the node
+// from a tab it held, and calls from other nodes answered paused for good
+// (TestClusterSimultaneousConnects, about once in 500 loaded runs).
+func TestClusterLateDisownKeepsNewerSocket(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2, viaNATS)
+	a, b := es[0], es[1]
+	tok, tid := a.mint("u")
+	a.pair(tok)
+	a.reg.mu.Lock()
+	s := a.reg.sessions[tid]
+	a.reg.mu.Unlock()
+	s.mu.Lock()
+	x := s.cur
+	s.mu.Unlock()
+	y := &conn{s: s, rev: x.rev + 1} // a newer socket of this node, registered after x let go
+	a.reg.cl.own(tid, y)
+	a.reg.cl.disown(tid, x, s) // x's late disown
+	if paired, _, err := b.reg.Admit(ctxT(t), tid); !paired || err != nil {
+		t.Fatalf("B's admit after x's late disown = %v %v: A no longer answers for the tab it holds", paired, err)
+	}
+	other := &session{tid: tid}
+	a.reg.cl.disown(tid, nil, other) // a dropped session that is not y's
+	if paired, _, err := b.reg.Admit(ctxT(t), tid); !paired || err != nil {
+		t.Fatalf("B's admit after another session's drop = %v %v", paired, err)
+	}
+	a.reg.cl.disown(tid, y, s) // y's own end
+	a.reg.cl.mu.Lock()
+	_, held := a.reg.cl.subs[tid]
+	a.reg.cl.mu.Unlock()
+	if held {
+		t.Fatal("the subscription outlived the socket it served")
+	}
+}

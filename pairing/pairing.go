@@ -1113,7 +1113,7 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 	s.expect = nil
 	s.mu.Unlock()
 	if r.cl != nil {
-		r.cl.disown(tid)
+		r.cl.disown(tid, c, s)
 	}
 	if c == nil {
 		return

@@ -491,7 +491,7 @@ func (r *Registry) register(s *session, c *conn) (*conn, bool) {
 	}
 	r.mu.Unlock()
 	if r.cl != nil {
-		r.cl.own(s.tid, c.rev)
+		r.cl.own(s.tid, c)
 	}
 	if old != nil {
 		old.mu.Lock()
@@ -532,7 +532,7 @@ func (r *Registry) connGone(c *conn, readErr error) {
 	}
 	r.mu.Unlock()
 	if mine && r.cl != nil {
-		r.cl.disown(s.tid)
+		r.cl.disown(s.tid, c, s)
 	}
 	if mine {
 		// Record the close (token → pending-resume with its grace) before
