@@ -294,34 +294,43 @@ func (c *cluster) subject(tid, op string) string {
 	return c.prefix + ".tab." + kvrep.Key(tid) + "." + op
 }
 
-// tabSub is the subscription to a tid's subjects and the socket it now
-// serves: only that socket's end unsubscribes (disown). A socket that
-// ends (superseded here or elsewhere, closed) disowns after it let go of
-// the session, outside its locks, so a newer socket of this node may have
-// registered, and found the subscription in place, in between: without
-// the owner the late disown left this node holding the tab unsubscribed,
-// and other nodes answered "paused" for a tab that was connected.
+// tabSub is the subscription to a tid's subjects, and the session it
+// serves. Sockets come and go outside the cluster's lock: a socket that
+// ends unsubscribes (disown) after it let go of the session, and a new one
+// subscribes (own) after it registered, so either may run late. Both
+// decide under c.mu from the session as it is then: a late disown keeps
+// the subscription while a newer socket of this node holds the session
+// (before, it left the node holding the tab unsubscribed, and other nodes
+// answered "paused" for a connected tab), and a late own does nothing for
+// a socket that already ended (it would have left the node subscribed to a
+// tab it does not hold, and told other nodes to let go of theirs).
 type tabSub struct {
-	sub   *nats.Subscription
-	owner *conn
+	sub *nats.Subscription
+	s   *session
 }
 
-// own subscribes to tid's subjects (socket c for tid, of revision c.rev,
-// is now here) and tells the other nodes to let go of it.
+// own subscribes to tid's subjects if socket sock, of revision sock.rev,
+// is still its session's socket, and tells the other nodes to let go of
+// the tid.
 func (c *cluster) own(tid string, sock *conn) {
 	c.mu.Lock()
+	if sock.s.socket() != sock {
+		c.mu.Unlock()
+		return // it ended already: its end disowned, or will
+	}
 	delete(c.remote, tid)
-	if ts, ok := c.subs[tid]; ok {
-		ts.owner = sock
-		c.subs[tid] = ts
-	} else {
+	if ts, ok := c.subs[tid]; !ok || ts.s != sock.s {
+		if ok { // a dropped session's, not yet disowned
+			_ = ts.sub.Unsubscribe()
+		}
 		sub, err := c.nc.ChanQueueSubscribe(c.subject(tid, "*"), "owner", c.in)
 		if err != nil {
+			delete(c.subs, tid)
 			c.mu.Unlock()
 			c.r.cfg.Logger.Error("pairing: cluster: subscribing for a tab failed; other nodes cannot reach it", "tid", tid, "err", err)
 			return
 		}
-		c.subs[tid] = tabSub{sub: sub, owner: sock}
+		c.subs[tid] = tabSub{sub: sub, s: sock.s}
 	}
 	c.mu.Unlock()
 	c.announce(tid, sock.rev)
@@ -333,14 +342,14 @@ func (c *cluster) own(tid string, sock *conn) {
 	}
 }
 
-// disown unsubscribes from tid's subjects if socket sock (nil: any socket
-// of session s, which was dropped) is the one they serve.
-func (c *cluster) disown(tid string, sock *conn, s *session) {
+// disown unsubscribes from tid's subjects, a socket of session s having
+// ended (or s dropped), unless s has a socket here again.
+func (c *cluster) disown(tid string, s *session) {
 	c.mu.Lock()
 	ts, ok := c.subs[tid]
-	if !ok || ts.owner != sock && (sock != nil || ts.owner != nil && ts.owner.s != s) {
+	if !ok || ts.s != s || s.heldHere() {
 		c.mu.Unlock()
-		return // a newer socket here owns them now
+		return // another session's, or a newer socket of s holds it
 	}
 	delete(c.subs, tid)
 	c.mu.Unlock()
@@ -430,7 +439,7 @@ func (c *cluster) onTakeover(m *nats.Msg) {
 	if old == nil {
 		return
 	}
-	c.disown(tid, old, s)
+	c.disown(tid, s)
 	r.superseded.Add(1)
 	old.close(CloseSuperseded, "superseded")
 	r.cfg.Audit.Record(context.Background(), audit.Entry{TID: tid, Event: audit.EventDisconnect, Detail: map[string]any{"reason": "superseded-elsewhere"}})

@@ -553,6 +553,13 @@ func (r *Registry) clusterStats() ClusterStats {
 }
 
 // socket returns the live socket, or nil.
+// heldHere reports whether s has a socket and is still registered.
+func (s *session) heldHere() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur != nil && !s.dropped
+}
+
 func (s *session) socket() *conn {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1113,7 +1120,7 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 	s.expect = nil
 	s.mu.Unlock()
 	if r.cl != nil {
-		r.cl.disown(tid, c, s)
+		r.cl.disown(tid, s)
 	}
 	if c == nil {
 		return

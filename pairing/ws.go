@@ -532,7 +532,7 @@ func (r *Registry) connGone(c *conn, readErr error) {
 	}
 	r.mu.Unlock()
 	if mine && r.cl != nil {
-		r.cl.disown(s.tid, c, s)
+		r.cl.disown(s.tid, s)
 	}
 	if mine {
 		// Record the close (token → pending-resume with its grace) before
