@@ -514,7 +514,7 @@ func clusterTargets(rep Report) string {
 			continue
 		}
 		m := median(ratio)
-		row(sc+": cross-node req/s ≥ 0.7× nats-local", fmt.Sprintf("%.2f× (%s)", m, list(ratio, "%.2f")), verdict(m, ratio, func(v float64) bool { return v >= 0.7 }))
+		row(sc+": cross-node req/s ≥ 0.7× nats-local", fmt.Sprintf("%.3f× (%s)", m, list(ratio, "%.3f")), verdict(m, ratio, func(v float64) bool { return v >= 0.7 }))
 		if strings.HasSuffix(sc, "-1") {
 			m := median(dp50)
 			row(sc+": cross-node p50 ≤ +150 µs", fmt.Sprintf("%+.0f µs (%s)", m, list(dp50, "%+.0f")), verdict(m, dp50, func(v float64) bool { return v <= 150 }))
