@@ -240,10 +240,16 @@ var (
 // startNATS runs a real nats-server with JetStream on a free port.
 func startNATS(t *testing.T) string {
 	t.Helper()
-	bin := natsServerBin(t)
 	addr := browserFreeAddr(t)
 	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", port, "-js", "-sd", t.TempDir())
+	return runNATS(t, addr, "-a", "127.0.0.1", "-p", port, "-js", "-sd", t.TempDir())
+}
+
+// runNATS runs nats-server with args, waits until it accepts connections on
+// addr and stops it on cleanup; it returns its nats:// URL.
+func runNATS(t *testing.T, addr string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(natsServerBin(t), args...)
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -260,7 +266,7 @@ func startNATS(t *testing.T) string {
 			<-done
 		}
 	})
-	waitCond(t, "nats-server to listen", 20*time.Second, func() bool {
+	waitCond(t, "nats-server to listen on "+addr, 20*time.Second, func() bool {
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err == nil {
 			c.Close()

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -300,7 +299,6 @@ func (hn *hostNet) teardown() {
 // CLUSTER.md gives operators the same advice).
 func startNATSOn(t *testing.T, addr string) string {
 	t.Helper()
-	bin := natsServerBin(t)
 	_, port, _ := net.SplitHostPort(browserFreeAddr(t))
 	hostport := net.JoinHostPort(addr, port)
 	conf := filepath.Join(t.TempDir(), "nats.conf")
@@ -308,35 +306,5 @@ func startNATSOn(t *testing.T, addr string) string {
 	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-c", conf)
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	waitCond(t, "nats-server to listen on the bridge", 20*time.Second, func() bool {
-		c, err := net.DialTimeout("tcp", hostport, 200*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return true
-		}
-		select {
-		case <-done:
-			t.Fatalf("nats-server exited:\n%s", out.String())
-		default:
-		}
-		return false
-	})
-	return "nats://" + hostport
+	return runNATS(t, hostport, "-c", conf)
 }

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/hostguard"
 )
 
 // # The peer link (Config.PeerListen)
@@ -277,7 +278,7 @@ func (l *peerLink) learn(pi *peerInfo) *peer {
 	if l.closed {
 		return nil
 	}
-	if pi.Net != "" && l.info.Net != "" && pi.Net != l.info.Net && loopback(pi.Addr) {
+	if pi.Net != "" && l.info.Net != "" && pi.Net != l.info.Net && hostguard.IsLoopbackName(hostguard.Name(pi.Addr)) {
 		// Its 127.0.0.1 is not ours (another machine, or another network
 		// namespace on this one): dialling it would reach whatever listens
 		// on that port here, this node's own link included. NATS carries
@@ -976,9 +977,7 @@ func peerTLSOn(mode, addr string) (bool, error) {
 	case "off":
 		return false, nil
 	case "", "auto":
-		host, _, _ := net.SplitHostPort(addr)
-		ip := net.ParseIP(host)
-		return !(host == "localhost" || ip != nil && ip.IsLoopback()), nil
+		return !hostguard.IsLoopbackName(hostguard.Name(addr)), nil
 	}
 	return false, fmt.Errorf("pairing: peer link: TLS %q: want auto, on or off", mode)
 }
@@ -1009,17 +1008,4 @@ func selfSigned(node string) (tls.Certificate, []byte, error) {
 	}
 	sum := sha256.Sum256(der)
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, sum[:], nil
-}
-
-// loopback reports whether addr (host:port) is a loopback address.
-func loopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
