@@ -64,20 +64,28 @@ func (d *downShared) Answer(ctx context.Context, p Pending) (Resolution, bool, b
 
 func (d *downShared) Follow(func(Pending, bool)) {}
 
-// A Propose the store did not answer records nothing, and says so in a way
-// storeerr.Unavailable recognises; proposing the same approval once the
-// store answers records it.
-func TestProposeStoreUnavailable(t *testing.T) {
-	t.Parallel()
+// newDown is a Manager on a downShared store (answering, to begin with).
+// The caller closes it.
+func newDown(t *testing.T) (*Manager, *downShared) {
+	t.Helper()
 	st := &downShared{MemoryStore: NewMemoryStore()}
 	m, err := New(t.Context(), Config{Store: st})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m, st
+}
+
+// A Propose the store did not answer records nothing, and says so in a way
+// storeerr.Unavailable recognises; proposing the same approval once the
+// store answers records it.
+func TestProposeStoreUnavailable(t *testing.T) {
+	t.Parallel()
+	m, st := newDown(t)
 	defer m.Close()
 	st.down.Store(true)
 	p := Pending{TID: "t1", ConfirmID: "c1", Variant: "clearAll"}
-	err = m.Propose(t.Context(), p)
+	err := m.Propose(t.Context(), p)
 	if !storeerr.Unavailable(err) {
 		t.Fatalf("Propose with the store down = %v, want an error storeerr.Unavailable recognises", err)
 	}
@@ -98,14 +106,10 @@ func TestProposeStoreUnavailable(t *testing.T) {
 // answers that there is no such id, ErrUnknown.
 func TestWaitStoreUnavailable(t *testing.T) {
 	t.Parallel()
-	st := &downShared{MemoryStore: NewMemoryStore()}
-	m, err := New(t.Context(), Config{Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, st := newDown(t)
 	defer m.Close()
 	st.down.Store(true)
-	_, err = m.Wait(t.Context(), "t1", "c-elsewhere")
+	_, err := m.Wait(t.Context(), "t1", "c-elsewhere")
 	if !storeerr.Unavailable(err) || errors.Is(err, ErrUnknown) {
 		t.Fatalf("Wait with the store down = %v, want the store's error, not ErrUnknown", err)
 	}
@@ -127,11 +131,7 @@ func TestWaitStoreUnavailable(t *testing.T) {
 func TestAnswerSentAgainWhenStoreUnavailable(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		st := &downShared{MemoryStore: NewMemoryStore()}
-		m, err := New(t.Context(), Config{Store: st})
-		if err != nil {
-			t.Fatal(err)
-		}
+		m, st := newDown(t)
 		if err := m.Propose(t.Context(), Pending{TID: "t1", ConfirmID: "c1", Variant: "clearAll"}); err != nil {
 			t.Fatal(err)
 		}

@@ -195,6 +195,16 @@ func testClusterAdmitOnOwner(t *testing.T, link linkMode) {
 	}
 }
 
+// recordEchoes reports, for each log-append e's registry receives, whether
+// it was an expected echo.
+func recordEchoes(e *env) chan bool {
+	echoes := make(chan bool, 2)
+	h := *e.reg.hooks.Load()
+	h.OnLogAppend = func(_ string, _ json.RawMessage, echo bool) { echoes <- echo }
+	e.reg.SetHooks(h)
+	return echoes
+}
+
 // ExpectLog on a node without the tab reaches the owner, where the tab's
 // echo arrives: the echo is reported as expected (not a client log entry).
 func TestClusterExpectLogOnOwner(t *testing.T) { bothLinks(t, testClusterExpectLogOnOwner) }
@@ -202,10 +212,7 @@ func TestClusterExpectLogOnOwner(t *testing.T) { bothLinks(t, testClusterExpectL
 func testClusterExpectLogOnOwner(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
-	echoes := make(chan bool, 2)
-	h := *a.reg.hooks.Load()
-	h.OnLogAppend = func(_ string, _ json.RawMessage, echo bool) { echoes <- echo }
-	a.reg.SetHooks(h)
+	echoes := recordEchoes(a)
 	tok, tid := a.mint("u")
 	tb := a.pair(tok)
 	b.reg.ExpectLog(tid, "narr-1")
@@ -228,10 +235,7 @@ func TestClusterPushLog(t *testing.T) { bothLinks(t, testClusterPushLog) }
 func testClusterPushLog(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
-	echoes := make(chan bool, 2)
-	h := *a.reg.hooks.Load()
-	h.OnLogAppend = func(_ string, _ json.RawMessage, echo bool) { echoes <- echo }
-	a.reg.SetHooks(h)
+	echoes := recordEchoes(a)
 	asked, refuse := countAdmits(a, 900)
 	tok, tid := a.mint("u")
 	tb := a.pair(tok)
