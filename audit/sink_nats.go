@@ -1,6 +1,8 @@
 package audit
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,10 +25,18 @@ import (
 // read only what it asks for. The stream keeps entries for MaxAge and at
 // most MaxBytes (oldest dropped first).
 //
-// Write does not wait for JetStream: it queues an asynchronous publish
-// (at most 4,096 outstanding; past that Write waits, which is the
-// backpressure), and a publish JetStream refuses is counted (Failed) and
-// logged, never dropped silently. A stream that has no leader for a while
+// A message holds one entry or several, as JSON lines: the Log hands the
+// sink whole batches (WriteBatch), and the entries of one batch that share
+// a subject go out together, up to MaxMessage bytes per message. One
+// message per call would make every LAP call a JetStream store and an
+// acknowledgement, on the NATS server that all nodes share. Entries of
+// different subjects in one batch may therefore be stored out of their
+// order; Query returns entries ordered by At.
+//
+// Writes do not wait for JetStream: each queues an asynchronous publish
+// (at most 4,096 outstanding; past that a write waits, which is the
+// backpressure), and a publish JetStream refuses is counted (Failed, in
+// entries) and logged, never dropped silently. A stream that has no leader for a while
 // (on a JetStream cluster, the seconds an election takes after the
 // leader's server is lost) is waited out: the publish is retried for up to
 // 15 s. Close waits for the outstanding acks.
@@ -51,9 +61,15 @@ type NATSSinkConfig struct {
 }
 
 var (
-	_ Sink    = (*NATSSink)(nil)
-	_ Querier = (*NATSSink)(nil)
+	_ BatchSink = (*NATSSink)(nil)
+	_ Querier   = (*NATSSink)(nil)
 )
+
+// MaxMessage bounds the bytes of one stream message that WriteBatch
+// writes (an entry longer than that goes alone). It keeps a Query's fetch
+// of 256 messages within 16 MiB, and every message well under NATS's
+// default max_payload (1 MiB).
+const MaxMessage = 64 << 10
 
 // StreamName is the audit stream of a cluster prefix.
 func StreamName(prefix string) string {
@@ -81,8 +97,9 @@ func OpenNATSSink(ctx context.Context, nc *nats.Conn, cfg NATSSinkConfig) (*NATS
 	s := &NATSSink{prefix: cfg.Prefix, log: cfg.Logger}
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096),
 		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
-			n := s.failed.Add(1)
-			s.log.Warn("audit: JetStream refused an entry; it is not in the cluster's trail", "subject", m.Subject, "err", err, "failed_total", n)
+			k := int64(bytes.Count(m.Data, []byte{'\n'}) + 1)
+			n := s.failed.Add(k)
+			s.log.Warn("audit: JetStream refused entries; they are not in the cluster's trail", "subject", m.Subject, "entries", k, "err", err, "failed_total", n)
 		}))
 	if err != nil {
 		return nil, err
@@ -151,17 +168,91 @@ func (s *NATSSink) CheckPublish(ctx context.Context) error {
 // retries for 15 s instead.
 var leaderlessRetry = []jetstream.PublishOpt{jetstream.WithRetryWait(250 * time.Millisecond), jetstream.WithRetryAttempts(60)}
 
-// Write queues e for the stream.
+var errSinkClosed = errors.New("audit: NATS sink closed")
+
+// Write queues e for the stream, alone in its message.
 func (s *NATSSink) Write(ctx context.Context, e Entry) error {
 	if s.closed.Load() {
-		return errors.New("audit: NATS sink closed")
+		return errSinkClosed
 	}
 	b, err := json.Marshal(e)
 	if err != nil {
 		return err
 	}
-	_, err = s.js.PublishAsync(s.prefix+".audit."+subjectToken(e.Event)+"."+subjectToken(e.TID), b, leaderlessRetry...)
+	_, err = s.js.PublishAsync(s.subject(e), b, leaderlessRetry...)
 	return err
+}
+
+func (s *NATSSink) subject(e Entry) string {
+	return s.prefix + ".audit." + subjectToken(e.Event) + "." + subjectToken(e.TID)
+}
+
+// WriteBatch queues b's entries for the stream: those of one subject
+// together, as JSON lines, in messages of at most MaxMessage bytes. It
+// returns an error only when nothing was queued; entries left unqueued
+// after some were are counted in Failed and logged.
+func (s *NATSSink) WriteBatch(ctx context.Context, b *Batch) error {
+	if s.closed.Load() {
+		return errSinkClosed
+	}
+	// Group by subject, in order of first appearance. next[i] links entry i
+	// to the next entry of its subject (-1: none).
+	next := make([]int, len(b.Entries))
+	type group struct {
+		subject     string
+		first, last int
+	}
+	var groups []group
+	at := make(map[string]int, 4) // subject → its index in groups
+	for i, e := range b.Entries {
+		next[i] = -1
+		subj := s.subject(e)
+		if g, ok := at[subj]; ok {
+			next[groups[g].last] = i
+			groups[g].last = i
+			continue
+		}
+		at[subj] = len(groups)
+		groups = append(groups, group{subject: subj, first: i, last: i})
+	}
+	queued, lost := 0, 0
+	var firstErr error
+	for _, g := range groups {
+		for i := g.first; i >= 0; {
+			// A fresh buffer per message: a publish retried while the
+			// stream has no leader is sent again from it.
+			size, n := 0, 0
+			for j := i; j >= 0 && (n == 0 || size+1+len(b.Line(j)) <= MaxMessage); j = next[j] {
+				size += len(b.Line(j)) + 1
+				n++
+			}
+			msg := make([]byte, 0, size)
+			for range n {
+				if len(msg) > 0 {
+					msg = append(msg, '\n')
+				}
+				msg = append(msg, b.Line(i)...)
+				i = next[i]
+			}
+			if _, err := s.js.PublishAsync(g.subject, msg, leaderlessRetry...); err != nil {
+				lost += n
+				if firstErr == nil {
+					firstErr = err
+				}
+				continue
+			}
+			queued += n
+		}
+	}
+	if lost == 0 {
+		return nil
+	}
+	if queued == 0 {
+		return firstErr
+	}
+	total := s.failed.Add(int64(lost))
+	s.log.Warn("audit: entries not queued for JetStream; they are not in the cluster's trail", "entries", lost, "err", firstErr, "failed_total", total)
+	return nil
 }
 
 // Failed reports how many entries JetStream refused since the sink opened.
@@ -242,12 +333,15 @@ func (s *NATSSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
 		for m := range batch.Messages() {
 			got++
 			left--
-			var e Entry
-			if json.Unmarshal(m.Data(), &e) != nil || !f.match(e) {
-				continue
+			for line := range bytes.SplitSeq(m.Data(), []byte{'\n'}) {
+				var e Entry
+				if json.Unmarshal(line, &e) != nil || !f.match(e) {
+					continue
+				}
+				out = append(out, e)
 			}
-			out = append(out, e)
 			if keep > 0 && len(out) > 2*keep { // keep memory bounded: the newest keep win
+				slices.SortStableFunc(out, byAt)
 				out = slices.Delete(out, 0, len(out)-keep)
 			}
 		}
@@ -261,6 +355,7 @@ func (s *NATSSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
 			break
 		}
 	}
+	slices.SortStableFunc(out, byAt)
 	if f.Limit > 0 {
 		out = out[:max(len(out)-max(f.Offset, 0), 0)]
 		if len(out) > f.Limit {
@@ -269,3 +364,5 @@ func (s *NATSSink) Query(ctx context.Context, f Filter) ([]Entry, error) {
 	}
 	return out, nil
 }
+
+func byAt(a, b Entry) int { return cmp.Compare(a.At, b.At) }
