@@ -69,6 +69,7 @@ export const LIMITS = Object.freeze({
   queryDomElements: 100,
   reconnectGiveUpMs: 5 * 60 * 1000,
   missedPongs: 2,
+  pongTimeoutMs: 5000, // a ping sent with nothing queued ahead of it gets its pong within this, or the socket is dead
   statsSamples: 1000, // rpc timings kept for stats().rpcHandleMsP50
   feedItems: 40, // log entries the panel's feed shows (newest)
   summaryChars: 200, // an action's summarize() text is cut to this
@@ -896,6 +897,7 @@ export function createAgent(opts) {
   let opened = false // did the current socket ever open?
   let reconnectTimer = null
   let heartbeatTimer = null
+  let pongTimer = null
   let missedPongs = 0
   let destroyed = false
   let lastSend = null // for describe_context's synthetic hint
@@ -1196,23 +1198,43 @@ export function createAgent(opts) {
     return null
   }
 
+  // Heartbeats find a dead socket without waiting for TCP (a lapd node or
+  // a network path lost without a reset: the browser would not notice for
+  // minutes). A ping that left with nothing queued ahead of it is answered
+  // within pongTimeoutMs (a round trip, then lapd answers at once; half a
+  // heartbeat when that is shorter), or the socket is dropped and the tab
+  // reconnects — through the load balancer, to a live node. A ping behind
+  // a large upload (a slow phone link) is not timed: two missed pongs, one
+  // heartbeat apart, are the backstop.
   function startHeartbeat(ms) {
     stopHeartbeat()
     if (!(ms > 0)) return
     missedPongs = 0
+    const every = Math.max(1000, ms)
     heartbeatTimer = setInterval(() => {
-      if (missedPongs >= LIMITS.missedPongs) {
-        // Dead socket: drop it without waiting for TCP and reconnect.
-        const sock = ws
-        closeSocket(4000)
-        if (sock) fire({ type: 'ws-closed', hasToken: !!session })
-        return
-      }
+      if (missedPongs >= LIMITS.missedPongs) return dropDeadSocket()
       missedPongs++
+      const sock = ws
+      const idle = !sock || !(sock.bufferedAmount > 0)
       send({ t: 'ping' })
-    }, Math.max(1000, ms))
+      if (idle && !pongTimer) {
+        pongTimer = setTimeout(() => {
+          pongTimer = null
+          if (ws === sock && missedPongs > 0) dropDeadSocket()
+        }, Math.min(LIMITS.pongTimeoutMs, every / 2)) // before the next ping: one unanswered ping decides
+      }
+    }, every)
   }
-  function stopHeartbeat() { if (heartbeatTimer) { clearInterval(heartbeatTimer); heartbeatTimer = null } }
+  function dropDeadSocket() {
+    const sock = ws
+    closeSocket(4000)
+    if (sock) fire({ type: 'ws-closed', hasToken: !!session })
+  }
+  function stopPongTimer() { if (pongTimer) { clearTimeout(pongTimer); pongTimer = null } }
+  function stopHeartbeat() {
+    stopPongTimer()
+    if (heartbeatTimer) { clearInterval(heartbeatTimer); heartbeatTimer = null }
+  }
 
   function helloFrame() {
     const msgSchema = actions ? buildMsgSchema(actions) : null
@@ -1241,7 +1263,7 @@ export function createAgent(opts) {
     switch (f.t) {
       case 'rpc': handleRpc(f, t0); break
       case 'hello-ack': startHeartbeat(f.heartbeatMs); break
-      case 'pong': missedPongs = 0; break
+      case 'pong': missedPongs = 0; stopPongTimer(); break
       case 'active': fire({ type: 'activated' }); emit('active'); break
       case 'revoked': fire({ type: 'revoked' }); emit('revoked'); break
       case 'log-push': if (f.entry && typeof f.entry === 'object') { addLog(f.entry); send({ t: 'log-append', entry: f.entry }) } break

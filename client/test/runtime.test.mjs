@@ -478,10 +478,11 @@ test('resume of this tab\'s own session proves it with the tab secret', async ()
   env.agent.destroy()
 })
 
-test('heartbeat: two missed pongs drop the socket and reconnect', async () => {
-  mock.timers.enable({ apis: ['setInterval'] })
+test('heartbeat: behind an upload, two missed pongs drop the socket and reconnect', async () => {
+  const { agent, ws } = await connected() // (its waits use real timers)
+  mock.timers.enable({ apis: ['setInterval', 'setTimeout'] })
   try {
-    const { agent, ws } = await connected()
+    ws.bufferedAmount = 1 // every ping waits behind queued bytes: not timed
     ws.frame({ t: 'hello-ack', lapVersion: 2, minClientVersion: 2, heartbeatMs: 1000 })
     mock.timers.tick(1000)
     assert.equal(ws.frames('ping').length, 1)
@@ -492,6 +493,30 @@ test('heartbeat: two missed pongs drop the socket and reconnect', async () => {
     assert.equal(agent.status, 'pending-claude')
     mock.timers.tick(1000)
     assert.equal(agent.status, 'reconnecting')
+    assert.equal(ws.closedWith, 4000)
+    agent.destroy()
+  } finally {
+    mock.timers.reset()
+  }
+})
+
+test('heartbeat: a ping unanswered within pongTimeoutMs drops the socket (a node lost without a reset)', async () => {
+  const { agent, ws } = await connected() // (its waits use real timers)
+  mock.timers.enable({ apis: ['setInterval', 'setTimeout'] })
+  try {
+    ws.frame({ t: 'hello-ack', lapVersion: 2, minClientVersion: 2, heartbeatMs: 15000 })
+    mock.timers.tick(15000)
+    for (let i = 0; i < 3; i++) { // pings answered just in time keep the socket
+      mock.timers.tick(4999)
+      ws.frame({ t: 'pong', at: i })
+      mock.timers.tick(10001)
+      assert.equal(agent.status, 'pending-claude', `after answered ping ${i + 1}`)
+    }
+    assert.equal(ws.frames('ping').length, 4)
+    mock.timers.tick(4999)
+    assert.equal(agent.status, 'pending-claude', 'before the pong timeout')
+    mock.timers.tick(1)
+    assert.equal(agent.status, 'reconnecting', 'at the pong timeout, not two heartbeats later')
     assert.equal(ws.closedWith, 4000)
     agent.destroy()
   } finally {
