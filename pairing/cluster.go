@@ -126,6 +126,8 @@ type cluster struct {
 	forwarded, noResponders, failures, served atomic.Int64
 	reasserts                                 atomic.Int64 // takeovers re-published after a reconnect
 	staleTakeovers                            atomic.Int64 // takeovers refused: the socket here was newer
+
+	testNoResponders func() // tests: called when a look by NATS found no node, before the next
 }
 
 type remoteTab struct {
@@ -755,6 +757,18 @@ func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) 
 		req.Header = nats.Header{hdrAdmit: []string{"1"}}
 	}
 	m, err := c.nc.RequestMsgWithContext(ctx, req)
+	for _, d := range noResponderRetry {
+		if !errors.Is(err, nats.ErrNoResponders) {
+			break
+		}
+		if h := c.testNoResponders; h != nil {
+			h()
+		}
+		if !sleepCtx(ctx, d) {
+			break
+		}
+		m, err = c.nc.RequestMsgWithContext(ctx, req)
+	}
 	switch {
 	case err == nil:
 		if g := m.Header.Get(hdrGen); g != "" {
@@ -788,6 +802,27 @@ func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) 
 	}
 	c.r.cfg.Logger.Warn("pairing: cluster: forwarding to the tab's node failed", "tid", tid, "op", op, "err", err)
 	return nil, nil, ErrPaused
+}
+
+// noResponderRetry spaces the second and third looks for a tab's node
+// when NATS found no subscriber. Delivered to nobody, the request is safe
+// to send again, and the servers of a NATS cluster learn a subscription
+// from each other a moment after the node made it on its own server (the
+// tab's hello-ack waits for that one only): a call made on another node
+// right after the tab paired, through another server, finds it on a later
+// look. A tab that is really not connected is answered paused 120 ms later.
+var noResponderRetry = [...]time.Duration{20 * time.Millisecond, 100 * time.Millisecond}
+
+// sleepCtx waits d, or until ctx ends (false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // peerOf returns the peer tid's requests go to directly (nil: by NATS).

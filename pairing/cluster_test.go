@@ -177,6 +177,36 @@ func testClusterNoResponders(t *testing.T, link linkMode) {
 	}
 }
 
+// A tab's node subscribes to its subjects on its own NATS server before
+// the tab's hello-ack; the other servers of a NATS cluster learn of it a
+// moment later. A call made on another node, through another server, in
+// that moment found no node and was answered paused for a tab that had
+// just paired (TestClusterJetStreamReplicas, once). Nobody received it, so
+// it is looked for again. Here the tab pairs while the caller's first look
+// has found nobody (the hook holds the caller until it has).
+func TestClusterLateSubscriptionFound(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2, viaNATS)
+	token, tid := es[0].mint("u")
+	looked, paired := make(chan struct{}, 3), make(chan struct{})
+	es[1].reg.cl.testNoResponders = func() {
+		looked <- struct{}{}
+		<-paired
+	}
+	res := make(chan error, 1)
+	go func() {
+		_, err := es[1].reg.Call(ctxT(t), tid, "get_state", nil, 0)
+		res <- err
+	}()
+	recv(t, looked) // the first look found no node
+	tb := es[0].pair(token)
+	close(paired)
+	tb.answerNext(`{"n":1}`)
+	if err := recv(t, res); err != nil {
+		t.Fatalf("Call made as the tab paired on another node = %v, want its answer", err)
+	}
+}
+
 // The per-tid rate limit is decided by the owner's OnAdmit.
 func TestClusterAdmitOnOwner(t *testing.T) { bothLinks(t, testClusterAdmitOnOwner) }
 
