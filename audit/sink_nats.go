@@ -36,10 +36,10 @@ import (
 // Writes do not wait for JetStream: each queues an asynchronous publish
 // (at most 4,096 outstanding; past that a write waits, which is the
 // backpressure), and a publish JetStream refuses is counted (Failed, in
-// entries) and logged, never dropped silently. A stream that has no leader for a while
-// (on a JetStream cluster, the seconds an election takes after the
-// leader's server is lost) is waited out: the publish is retried for up to
-// 15 s. Close waits for the outstanding acks.
+// entries) and logged, never dropped silently. A stream that has no
+// leader for a while (on a JetStream cluster, the seconds an election
+// takes after the leader's server is lost) is waited out: the publish is
+// retried for up to 15 s. Close waits for the outstanding acks.
 type NATSSink struct {
 	js     jetstream.JetStream
 	prefix string
