@@ -130,6 +130,14 @@ func (e inDoubt) Unwrap() []error { return []error{e.err, ErrOutcomeUnknown} }
 // Defaults for the zero values of Config, and fixed limits.
 const (
 	DefaultPingInterval = 15 * time.Second
+	// HiddenBeat is the heartbeat interval lapd expects at least from a tab
+	// that says its page is hidden: browsers run a hidden page's repeating
+	// timers about once a minute (Chrome once the page has been hidden
+	// for 5 minutes, Safari every 40 s), so lapd.js's heartbeats come
+	// that seldom. Without it a hidden, idle tab — the user reading the
+	// model's answer in another tab — was closed (4408) and reconnected
+	// every minute or two.
+	HiddenBeat          = time.Minute
 	DefaultRPCTimeout   = 15 * time.Second
 	DefaultSendQueue    = 256
 	DefaultWriteTimeout = 10 * time.Second
@@ -558,6 +566,14 @@ func (s *session) heldHere() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cur != nil && !s.dropped
+}
+
+// hidden reports whether the tab said its page is hidden (hello's or the
+// last visibility frame's visible:false).
+func (s *session) hidden() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.visible != nil && !*s.visible
 }
 
 func (s *session) socket() *conn {

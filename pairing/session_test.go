@@ -344,6 +344,41 @@ func TestHeartbeatClosesDeadTab(t *testing.T) {
 	_ = live
 }
 
+// A hidden page's timers run about once a minute, and lapd.js's heartbeats
+// with them: a tab that said it is hidden is not closed for the silence
+// that closes a visible one (two intervals and a half), only after
+// HiddenBeat's two and a half minutes. Both tabs here beat once, then go
+// silent; the hidden one's silence began first.
+func TestHeartbeatSparesHiddenTab(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.PingInterval = 300 * time.Millisecond })
+	beatOnce := func(visible bool) (*tab, string) {
+		tok, tid := e.mint("")
+		tb := e.dial(tok, dialOpts{})
+		tb.send(map[string]any{"t": "hello", "appName": "x", "schemaHash": "h", "visible": visible})
+		tb.expect("hello-ack")
+		recv(t, e.paired)
+		tb.send(map[string]any{"t": "ping"}) // its own heartbeats, as lapd.js: no WebSocket pings
+		tb.expect("pong")
+		return tb, tid
+	}
+	hidden, hiddenTID := beatOnce(false)
+	_, visibleTID := beatOnce(true)
+	if got := recv(t, e.closed); got != visibleTID {
+		t.Fatalf("closed %q first, want the visible silent tab %q (the hidden one is %q)", got, visibleTID, hiddenTID)
+	}
+	hidden.send(map[string]any{"t": "ping"})
+	hidden.expect("pong")
+	if h := e.reg.Health(hiddenTID); !h.Connected {
+		t.Fatalf("hidden tab %+v, want still connected", h)
+	}
+	// Shown again, it is held to the interval once more.
+	hidden.send(map[string]any{"t": "visibility", "visible": true})
+	if got := recv(t, e.closed); got != hiddenTID {
+		t.Fatalf("closed %q, want the tab shown again and silent %q", got, hiddenTID)
+	}
+}
+
 func TestQueueOverflow(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.SendQueue = 4 })

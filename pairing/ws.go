@@ -835,9 +835,10 @@ const parkAfter = time.Second
 //
 // A tab that sends its own {t:'ping'} heartbeats (lapd.js does, every
 // hello-ack heartbeatMs) gets no WebSocket pings: it is closed (4408) when
-// it has sent nothing for two intervals and a half. Besides saving a frame
-// each way, that keeps an idle tab's reader parked outside the WebSocket
-// library (a pong is read inside it).
+// it has sent nothing for two intervals and a half — two and a half
+// minutes, at least, while it says it is hidden (HiddenBeat). Besides
+// saving a frame each way, that keeps an idle tab's reader parked outside
+// the WebSocket library (a pong is read inside it).
 func (c *conn) ping() {
 	c.mu.Lock()
 	if c.closing || c.gone {
@@ -848,7 +849,11 @@ func (c *conn) ping() {
 	if c.appBeats {
 		silent := now - c.lastBeat.Load()
 		c.mu.Unlock()
-		if silent > (c.r.cfg.PingInterval * 5 / 2).Milliseconds() {
+		every := c.r.cfg.PingInterval
+		if c.s.hidden() {
+			every = max(every, HiddenBeat)
+		}
+		if silent > (every * 5 / 2).Milliseconds() {
 			c.r.hbCloses.Add(1)
 			c.close(CloseHeartbeat, "heartbeat missed")
 		}

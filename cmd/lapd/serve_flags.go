@@ -85,7 +85,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.Duration(&c.SlidingTTL, "sliding-ttl", 0, "expire a token unused for this long (0 = off)")
 	fs.Duration(&c.Grace, "grace", 60*time.Second, "how long a disconnected tab may re-pair with the same token")
 	fs.Duration(&c.ConfirmExpiry, "confirm-expiry", 10*time.Minute, "an approval nobody answers is rejected (reason timeout) after this long")
-	fs.Duration(&c.PingInterval, "heartbeat", 15*time.Second, "WebSocket heartbeat interval; a tab missing two is closed")
+	fs.Duration(&c.PingInterval, "heartbeat", 15*time.Second, "WebSocket heartbeat interval; a tab silent for two and a half is closed (a hidden one: 2.5 minutes at least)")
 	fs.Int(&c.LAPRate, "lap-rate", 30, "LAP calls per minute per token (burst the same)")
 	fs.Int(&c.MintRate, "mint-rate", 30, "mints per minute per identity or client IP (burst the same)")
 	fs.String(&c.Audit, "audit", "stdout", "audit sinks, comma-separated: stdout, file:PATH, sqlite (in --data-dir), nats (the cluster's stream; on by default with --nats), none")
