@@ -1254,6 +1254,70 @@ export function createAgent(opts) {
 
   function isVisible() { return doc && doc.visibilityState ? doc.visibilityState === 'visible' : true }
 
+  // after(ms, fn) calls fn once, ms from now, and returns a cancel function.
+  // A browser runs a hidden page's timers at most once a second (Chrome,
+  // Safari, Firefox), and the user who pasted the connect line into Claude
+  // in another tab has hidden this one: every send_message's drain wait
+  // (100 ms) took a second. A dedicated worker's timers are not throttled,
+  // so while the page is hidden the wait also runs in one (made on first
+  // need, from a blob: URL); setTimeout runs beside it and wins when the
+  // worker cannot start (a CSP without worker-src blob:, no Worker).
+  let timerWorker = null // null: not tried; false: not available
+  let timerSeq = 0
+  const timerWaits = new Map() // id → fire
+  function workerTimer() {
+    if (timerWorker !== null) return timerWorker || null
+    timerWorker = false
+    try {
+      if (typeof g.Worker !== 'function' || typeof g.Blob !== 'function' || !g.URL || typeof g.URL.createObjectURL !== 'function') return null
+      const url = g.URL.createObjectURL(new g.Blob(['onmessage = (e) => setTimeout(() => postMessage(e.data[0]), e.data[1])'], { type: 'text/javascript' }))
+      const w = new g.Worker(url)
+      w.onmessage = (e) => {
+        const fire = timerWaits.get(e.data)
+        if (fire) fire()
+      }
+      w.onerror = () => { // did not start (CSP): the setTimeouts carry on
+        if (timerWorker === w) timerWorker = false
+        try { w.terminate() } catch { /* gone */ }
+        try { g.URL.revokeObjectURL(url) } catch { /* gone */ }
+      }
+      w.url = url
+      timerWorker = w
+    } catch { timerWorker = false }
+    return timerWorker || null
+  }
+  function stopTimerWorker() {
+    const w = timerWorker
+    timerWorker = false
+    timerWaits.clear()
+    if (w) {
+      try { w.terminate() } catch { /* gone */ }
+      try { g.URL.revokeObjectURL(w.url) } catch { /* gone */ }
+    }
+  }
+  function after(ms, fn) {
+    let done = false
+    let id = 0
+    const cancel = () => {
+      done = true
+      clearTimeout(t)
+      if (id) timerWaits.delete(id)
+    }
+    const fire = () => {
+      if (done) return
+      cancel()
+      fn()
+    }
+    const t = setTimeout(fire, ms)
+    const w = !isVisible() && !destroyed ? workerTimer() : null
+    if (w) {
+      id = ++timerSeq
+      timerWaits.set(id, fire)
+      try { w.postMessage([id, ms]) } catch { timerWaits.delete(id); id = 0 }
+    }
+    return cancel
+  }
+
   // ── frames from the server ──
   function onFrame(data) {
     const t0 = clock()
@@ -1471,9 +1535,9 @@ export function createAgent(opts) {
           const remaining = timeoutMs - (now() - start)
           if (remaining <= 0) { timedOut = true; break }
           const windowMs = Math.min(drainQuietMs, remaining)
-          let timer
-          const woke = await new Promise((res) => { wake = () => res(true); timer = setTimeout(() => { wake = null; res(false) }, windowMs) })
-          clearTimeout(timer)
+          let cancel
+          const woke = await new Promise((res) => { wake = () => res(true); cancel = after(windowMs, () => { wake = null; res(false) }) })
+          cancel()
           if (woke || dirty) { dirty = false; continue }
           if (inflight.size) continue // effects still running
           if (windowMs < drainQuietMs) timedOut = true
@@ -1700,6 +1764,7 @@ export function createAgent(opts) {
     destroy() {
       destroyed = true
       clearTimeout(reconnectTimer)
+      stopTimerWorker()
       closeSocket(1000)
       watches.clear()
       changeListeners.clear()

@@ -71,6 +71,14 @@ func browserOpen(t *testing.T, url string) *browserTab {
 // width also turns on touch and mobile emulation).
 func browserOpenSize(t *testing.T, url string, w, h int64) *browserTab {
 	t.Helper()
+	return browserLaunch(t, url, w, h, false)
+}
+
+// browserLaunch is browserOpenSize; with realTimers the browser keeps its
+// default throttling of a hidden page's timers (the other tests turn it off,
+// so that their timing does not depend on the page being shown).
+func browserLaunch(t *testing.T, url string, w, h int64, realTimers bool) *browserTab {
+	t.Helper()
 	needTool(t, "chromium", browserChromium)
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(browserChromium),
@@ -86,9 +94,11 @@ func browserOpenSize(t *testing.T, url string, w, h int64) *browserTab {
 		chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true),
 		chromedp.Flag("disable-dev-shm-usage", true),
+	}
+	if !realTimers {
 		// A hidden or occluded page must not throttle the timers lapd.js uses.
-		chromedp.Flag("disable-background-timer-throttling", true),
-		chromedp.Flag("disable-renderer-backgrounding", true),
+		opts = append(opts, chromedp.Flag("disable-background-timer-throttling", true),
+			chromedp.Flag("disable-renderer-backgrounding", true))
 	}
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(allocCtx)

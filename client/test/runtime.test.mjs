@@ -524,6 +524,39 @@ test('heartbeat: a ping unanswered within pongTimeoutMs drops the socket (a node
   }
 })
 
+test('a hidden page\'s drain wait runs on a worker timer (its own timers fire once a second at best)', async () => {
+  // The fake worker answers at once; the page's setTimeout (5 s here) is
+  // what a hidden page would wait for.
+  class FakeWorker {
+    static made = []
+    constructor(url) { this.url = url; this.posted = []; FakeWorker.made.push(this) }
+    postMessage(m) { this.posted.push(m); setImmediate(() => this.onmessage && this.onmessage({ data: m[0] })) }
+    terminate() { this.terminated = true }
+  }
+  const saved = globalThis.Worker
+  globalThis.Worker = FakeWorker
+  try {
+    const document = { visibilityState: 'visible', addEventListener: () => {}, removeEventListener: () => {} }
+    const { agent, ws } = await connected({ document })
+    let r = await rpc(ws, 'send_message', { msg: { type: 'addTask', title: 'Shown' }, drainQuietMs: 10 })
+    assert.equal(r.reply.result.status, 'dispatched')
+    assert.equal(FakeWorker.made.length, 0, 'a shown page needs no worker')
+
+    document.visibilityState = 'hidden'
+    r = await rpc(ws, 'send_message', { msg: { type: 'addTask', title: 'Hidden' }, drainQuietMs: 5000 })
+    assert.equal(r.reply.result.status, 'dispatched')
+    assert.equal(FakeWorker.made.length, 1)
+    assert.deepEqual(FakeWorker.made[0].posted.map((m) => m[1]), [5000])
+    r = await rpc(ws, 'send_message', { msg: { type: 'addTask', title: 'Hidden 2' }, drainQuietMs: 5000 })
+    assert.equal(FakeWorker.made.length, 1, 'one worker, made on first need')
+    agent.destroy()
+    assert.equal(FakeWorker.made[0].terminated, true)
+  } finally {
+    if (saved === undefined) delete globalThis.Worker
+    else globalThis.Worker = saved
+  }
+})
+
 test('visibility: hello carries it, changes send a visibility frame', async () => {
   const handlers = {}
   const document = { visibilityState: 'hidden', addEventListener: (n, fn) => { handlers[n] = fn }, removeEventListener: (n) => { delete handlers[n] } }
