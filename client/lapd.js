@@ -1002,29 +1002,35 @@ export function createAgent(opts) {
   // ── state and changes ──
   function wireState() { return toWire(redact(opts.getState())) }
 
-  // Change source: the app's subscribe(), else polling while someone listens.
+  // Change source: the app's subscribe(), else polling while someone listens
+  // (on after(): a hidden page polls on time too).
   const changeListeners = new Set()
   let unsubscribeApp = null
-  let pollTimer = null
+  let pollTimer = null // the pending poll's cancel
+  let polling = null // the running poll chain (a token)
   let lastPolled
   function startChanges() {
-    if (unsubscribeApp || pollTimer) return
+    if (unsubscribeApp || polling) return
     if (typeof opts.subscribe === 'function') {
       unsubscribeApp = opts.subscribe(() => { for (const fn of [...changeListeners]) fn() }) || (() => {})
     } else {
-      let ref = opts.getState()
-      lastPolled = JSON.stringify(toWire(ref))
-      pollTimer = setInterval(() => {
-        const cur = opts.getState()
-        if (cur === ref) { const s = JSON.stringify(toWire(cur)); if (s === lastPolled) return; lastPolled = s }
-        else { ref = cur; const s = JSON.stringify(toWire(cur)); if (s === lastPolled) return; lastPolled = s }
-        for (const fn of [...changeListeners]) fn()
-      }, opts.pollMs ?? 50)
+      const every = opts.pollMs ?? 50
+      const chain = polling = {}
+      lastPolled = JSON.stringify(toWire(opts.getState()))
+      const poll = () => {
+        const s = JSON.stringify(toWire(opts.getState()))
+        if (s !== lastPolled) {
+          lastPolled = s
+          for (const fn of [...changeListeners]) fn()
+        }
+        if (polling === chain) pollTimer = after(every, poll) // (a listener may have stopped it)
+      }
+      pollTimer = after(every, poll)
     }
   }
   function stopChangesIfIdle() {
     if (changeListeners.size) return
-    if (pollTimer) { clearInterval(pollTimer); pollTimer = null }
+    if (polling) { polling = null; pollTimer(); pollTimer = null }
     if (unsubscribeApp) { try { unsubscribeApp() } catch { /* ignore */ } unsubscribeApp = null }
   }
   function onChange(fn) {

@@ -384,6 +384,42 @@ test('confirm-sync and approve re-gate: human-only, unknown or schema-failing ap
   agent.destroy()
 })
 
+test('without subscribe(), watches poll the state; a hidden page polls on a worker timer', async () => {
+  class FakeWorker {
+    static made = []
+    constructor() { this.posted = []; FakeWorker.made.push(this) }
+    postMessage(m) { this.posted.push(m); setImmediate(() => this.onmessage && this.onmessage({ data: m[0] })) }
+    terminate() { this.terminated = true }
+  }
+  const saved = globalThis.Worker
+  globalThis.Worker = FakeWorker
+  try {
+    const document = { visibilityState: 'visible', addEventListener: () => {}, removeEventListener: () => {} }
+    const { agent, ws, store } = await connected({ document, subscribe: undefined, pollMs: 5 })
+    ws.frame({ t: 'watch', id: 'w1', path: '/filter' })
+    store.set({ ...store.get(), filter: 'done' })
+    await until(() => ws.frames('state-update').length === 1, 'a polled change')
+    ws.frame({ t: 'unwatch', id: 'w1' })
+    assert.equal(FakeWorker.made.length, 0, 'a shown page polls on its own timers')
+
+    // Hidden, with a poll every 5 s: only the worker's timer finds the change in time.
+    await connected({ document, subscribe: undefined, pollMs: 5000 }).then(async ({ agent: a2, ws: ws2, store: s2 }) => {
+      document.visibilityState = 'hidden'
+      ws2.frame({ t: 'watch', id: 'w2', path: '/filter' })
+      s2.set({ ...s2.get(), filter: 'done' })
+      await until(() => ws2.frames('state-update').length === 1, 'a change polled while hidden')
+      assert.equal(FakeWorker.made.length, 1)
+      assert.equal(FakeWorker.made[0].posted[0][1], 5000)
+      ws2.frame({ t: 'unwatch', id: 'w2' })
+      a2.destroy()
+    })
+    agent.destroy()
+  } finally {
+    if (saved === undefined) delete globalThis.Worker
+    else globalThis.Worker = saved
+  }
+})
+
 test('watch → state-update when the pointed value changes; log-push is echoed', async () => {
   const { agent, ws, store } = await connected()
   ws.frame({ t: 'watch', id: 'w1', path: '/filter' })
