@@ -103,6 +103,8 @@ export interface PanelOptions {
   skipLink?: boolean
   /** Start collapsed to one line; default: collapsed on narrow screens (≤ 640 px), open on wide ones. */
   collapsed?: boolean
+  /** While the page is hidden and approvals wait, start document.title (what the tab strip shows) with "(n) Approval needed · "; default true. */
+  titleBadge?: boolean
 }
 
 export type Status = 'idle' | 'minting' | 'pending-claude' | 'active' | 'reconnecting' | 'failed' | 'error'

@@ -2204,9 +2204,32 @@ function createPanel(agent, doc, win, uiOpts, view) {
     return el('div', { class: 'line' }, input, copy)
   }
 
+  // The human is in another tab (the AI's chat) when an approval comes:
+  // the panel cannot be seen, and a hidden page does not even render it.
+  // While the page is hidden and approvals wait, the title — what the tab
+  // strip shows — starts with how many; shown again, or answered, it is
+  // the app's again (a title the app set meanwhile is kept).
+  let appTitle = null
+  let ourTitle = null
+  function titleBadge() {
+    if (uiOpts.titleBadge === false || typeof doc.title !== 'string') return
+    if (ourTitle !== null && doc.title !== ourTitle) { appTitle = doc.title; ourTitle = null } // the app retitled itself
+    const n = agent.pendingConfirms().length
+    if (n > 0 && doc.visibilityState === 'hidden') {
+      if (ourTitle === null) appTitle = doc.title
+      ourTitle = `(${n}) ${n === 1 ? 'Approval' : 'Approvals'} needed · ${appTitle}`
+      if (doc.title !== ourTitle) doc.title = ourTitle
+    } else if (ourTitle !== null) {
+      doc.title = appTitle
+      ourTitle = appTitle = null
+    }
+  }
+  const onPageVisibility = () => titleBadge()
+  doc.addEventListener('visibilitychange', onPageVisibility)
+
   const offs = [
     agent.on('status', () => { copied = false; schedule() }),
-    agent.on('confirm', schedule),
+    agent.on('confirm', () => { schedule(); titleBadge() }),
     agent.on('log', (entry) => {
       const it = view.describe ? view.describe(entry) : null
       if (it && it.tone !== 'read' && it.tone !== 'wait') announce(`${it.label ? `${it.label}: ` : ''}${it.text}`)
@@ -2221,6 +2244,8 @@ function createPanel(agent, doc, win, uiOpts, view) {
     jump,
     remove() {
       offs.forEach((f) => f())
+      doc.removeEventListener('visibilitychange', onPageVisibility)
+      if (ourTitle !== null && doc.title === ourTitle) doc.title = appTitle
       clearInterval(ticker)
       if (frame !== null) { (w && typeof w.cancelAnimationFrame === 'function' ? w.cancelAnimationFrame : clearTimeout)(frame); frame = null }
       doc.removeEventListener('keydown', onKey, true)

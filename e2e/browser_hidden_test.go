@@ -16,7 +16,8 @@ import (
 // model drives it — and a browser runs a hidden page's timers at most once
 // a second (Chrome's default; the other browser tests turn that off). The
 // test keeps the default, hides the app's tab behind a new foreground tab,
-// and checks that the model's calls still work and the tab stays paired.
+// and checks that the model's calls still work, the tab stays paired, and
+// an approval asked for meanwhile shows in the tab's title.
 // It measures (it does not assert) send_message end to end, shown and
 // hidden, with a lapd built without -race:
 //
@@ -63,6 +64,7 @@ func TestBrowserHiddenTab(t *testing.T) {
 	}
 	batch("shown")
 
+	title := tab.evalString(`document.title`)
 	// Another tab comes to the front of the same window: the app's page is
 	// hidden, as when the user switches to Claude.
 	f := false
@@ -84,4 +86,18 @@ func TestBrowserHiddenTab(t *testing.T) {
 	if st := tab.evalString(`window.__lapd.status`); st != "active" {
 		t.Fatalf("the hidden tab's agent is %q, want active", st)
 	}
+
+	// An approval while the page is hidden: the tab strip says so (the
+	// page's title), and the title is the app's again once it is shown.
+	r := browserOK(t, mc, "send_message", map[string]any{"session": sess, "msg": map[string]any{"type": "clearAll"}, "approvalTimeoutMs": 0})
+	if r["status"] != "pending-confirmation" {
+		t.Fatalf("clearAll: %s", browserJSON(r))
+	}
+	want := "(1) Approval needed · " + title
+	tab.waitJS(`document.title === `+browserJSON(want), 10*time.Second)
+	app := chromedp.FromContext(tab.ctx).Target.TargetID
+	if _, err := chromedp.CallBrowser(tab.ctx, target.ActivateTarget, target.ActivateTargetParams{TargetID: app}); err != nil {
+		t.Fatalf("bringing the app's tab to the front: %v", err)
+	}
+	tab.waitJS(`document.visibilityState === 'visible' && document.title === `+browserJSON(title), 10*time.Second)
 }
