@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -17,17 +16,7 @@ func TestBrowserBackForwardCache(t *testing.T) {
 	needTool(t, "chromium", browserChromium)
 	srv := startServer(t, "", "--lap-rate", "600")
 	tab := browserOpen(t, srv.URL+"/")
-	tab.waitStatus("idle", 10*time.Second)
-	tab.click(browserTestID("connect"))
-	tab.waitStatus("pending-claude", 10*time.Second)
-	line := tab.evalString(browserTestID("connect-line") + `.value`)
-	mc := browserMCPHTTP(t, srv.URL)
-	sc := browserOK(t, mc, "connect_session", map[string]any{"line": line})
-	sess, _ := sc["session"].(string)
-	if !strings.HasPrefix(sess, "s_") {
-		t.Fatalf("connect_session: %s", browserJSON(sc))
-	}
-	tab.waitStatus("active", 10*time.Second)
+	mc, sess := browserConnectAI(t, tab, srv.URL)
 
 	var ok bool
 	tab.eval(`(() => {

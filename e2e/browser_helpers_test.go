@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -410,6 +411,25 @@ func browserOK(t *testing.T, c *mcpclient.Client, tool string, args map[string]a
 		t.Fatalf("%s(%v): isError: %s", tool, args, r.Text)
 	}
 	return r.SC
+}
+
+// browserConnectAI plays the human and the model on the demo page: Connect
+// an AI in the panel, then connect_session with its connect line over
+// /agent/mcp; it returns once the panel shows the AI connected.
+func browserConnectAI(t *testing.T, tab *browserTab, srvURL string) (*mcpclient.Client, string) {
+	t.Helper()
+	tab.waitStatus("idle", 10*time.Second)
+	tab.click(browserTestID("connect"))
+	tab.waitStatus("pending-claude", 10*time.Second)
+	line := tab.evalString(browserTestID("connect-line") + `.value`)
+	mc := browserMCPHTTP(t, srvURL)
+	sc := browserOK(t, mc, "connect_session", map[string]any{"line": line})
+	sess, _ := sc["session"].(string)
+	if !strings.HasPrefix(sess, "s_") {
+		t.Fatalf("connect_session: %s", browserJSON(sc))
+	}
+	tab.waitStatus("active", 10*time.Second)
+	return mc, sess
 }
 
 // browserBuildPlain builds lapd without -race (for performance figures).

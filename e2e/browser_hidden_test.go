@@ -32,17 +32,7 @@ func TestBrowserHiddenTab(t *testing.T) {
 
 	srv := startServer(t, "", "--lap-rate", "100000", "--log-level", "info")
 	tab := browserLaunch(t, srv.URL+"/", browserDesktopW, browserDesktopH, true)
-	tab.waitStatus("idle", 10*time.Second)
-	tab.click(browserTestID("connect"))
-	tab.waitStatus("pending-claude", 10*time.Second)
-	line := tab.evalString(browserTestID("connect-line") + `.value`)
-	mc := browserMCPHTTP(t, srv.URL)
-	sc := browserOK(t, mc, "connect_session", map[string]any{"line": line})
-	sess, _ := sc["session"].(string)
-	if !strings.HasPrefix(sess, "s_") {
-		t.Fatalf("connect_session: %s", browserJSON(sc))
-	}
-	tab.waitStatus("active", 10*time.Second)
+	mc, sess := browserConnectAI(t, tab, srv.URL)
 
 	const n = 20
 	tasks := 3
