@@ -70,6 +70,28 @@ function setup({ storage = memStorage(), routes = {}, ...extra } = {}) {
 }
 
 const tick = () => new Promise((r) => setImmediate(r))
+
+// FakeWorker stands for the dedicated worker lapd.js runs its timers on in
+// a hidden page: it answers each wait at once (setImmediate), where the
+// page's own timers would fire once a second at best.
+class FakeWorker {
+  static made = []
+  constructor(url) { this.url = url; this.posted = []; FakeWorker.made.push(this) }
+  postMessage(m) { this.posted.push(m); setImmediate(() => this.onmessage && this.onmessage({ data: m[0] })) }
+  terminate() { this.terminated = true }
+}
+
+async function withFakeWorker(fn) {
+  const saved = globalThis.Worker
+  FakeWorker.made = []
+  globalThis.Worker = FakeWorker
+  try {
+    await fn()
+  } finally {
+    if (saved === undefined) delete globalThis.Worker
+    else globalThis.Worker = saved
+  }
+}
 async function until(fn, what) {
   for (let i = 0; i < 500; i++) { if (fn()) return; await new Promise((r) => setTimeout(r, 2)) }
   throw new Error('timed out waiting for ' + what)
@@ -385,15 +407,7 @@ test('confirm-sync and approve re-gate: human-only, unknown or schema-failing ap
 })
 
 test('without subscribe(), watches poll the state; a hidden page polls on a worker timer', async () => {
-  class FakeWorker {
-    static made = []
-    constructor() { this.posted = []; FakeWorker.made.push(this) }
-    postMessage(m) { this.posted.push(m); setImmediate(() => this.onmessage && this.onmessage({ data: m[0] })) }
-    terminate() { this.terminated = true }
-  }
-  const saved = globalThis.Worker
-  globalThis.Worker = FakeWorker
-  try {
+  await withFakeWorker(async () => {
     const document = { visibilityState: 'visible', addEventListener: () => {}, removeEventListener: () => {} }
     const { agent, ws, store } = await connected({ document, subscribe: undefined, pollMs: 5 })
     ws.frame({ t: 'watch', id: 'w1', path: '/filter' })
@@ -414,10 +428,7 @@ test('without subscribe(), watches poll the state; a hidden page polls on a work
       a2.destroy()
     })
     agent.destroy()
-  } finally {
-    if (saved === undefined) delete globalThis.Worker
-    else globalThis.Worker = saved
-  }
+  })
 })
 
 test('watch → state-update when the pointed value changes; log-push is echoed', async () => {
@@ -563,15 +574,7 @@ test('heartbeat: a ping unanswered within pongTimeoutMs drops the socket (a node
 test('a hidden page\'s drain wait runs on a worker timer (its own timers fire once a second at best)', async () => {
   // The fake worker answers at once; the page's setTimeout (5 s here) is
   // what a hidden page would wait for.
-  class FakeWorker {
-    static made = []
-    constructor(url) { this.url = url; this.posted = []; FakeWorker.made.push(this) }
-    postMessage(m) { this.posted.push(m); setImmediate(() => this.onmessage && this.onmessage({ data: m[0] })) }
-    terminate() { this.terminated = true }
-  }
-  const saved = globalThis.Worker
-  globalThis.Worker = FakeWorker
-  try {
+  await withFakeWorker(async () => {
     const document = { visibilityState: 'visible', addEventListener: () => {}, removeEventListener: () => {} }
     const { agent, ws } = await connected({ document })
     let r = await rpc(ws, 'send_message', { msg: { type: 'addTask', title: 'Shown' }, drainQuietMs: 10 })
@@ -587,10 +590,7 @@ test('a hidden page\'s drain wait runs on a worker timer (its own timers fire on
     assert.equal(FakeWorker.made.length, 1, 'one worker, made on first need')
     agent.destroy()
     assert.equal(FakeWorker.made[0].terminated, true)
-  } finally {
-    if (saved === undefined) delete globalThis.Worker
-    else globalThis.Worker = saved
-  }
+  })
 })
 
 test('visibility: hello carries it, changes send a visibility frame', async () => {
