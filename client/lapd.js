@@ -1212,24 +1212,32 @@ export function createAgent(opts) {
   // reconnects — through the load balancer, to a live node. A ping behind
   // a large upload (a slow phone link) is not timed: two missed pongs, one
   // heartbeat apart, are the backstop.
+  //
+  // A page shown again checks its socket at once (beat): after a laptop's
+  // sleep, or a hidden page's minute between heartbeats, the socket may be
+  // dead, and the human who comes back to the tab learns it in 5 s.
+  let beatEvery = 0
   function startHeartbeat(ms) {
     stopHeartbeat()
     if (!(ms > 0)) return
     missedPongs = 0
-    const every = Math.max(1000, ms)
+    beatEvery = Math.max(1000, ms)
     heartbeatTimer = setInterval(() => {
       if (missedPongs >= LIMITS.missedPongs) return dropDeadSocket()
-      missedPongs++
-      const sock = ws
-      const idle = !sock || !(sock.bufferedAmount > 0)
-      send({ t: 'ping' })
-      if (idle && !pongTimer) {
-        pongTimer = setTimeout(() => {
-          pongTimer = null
-          if (ws === sock && missedPongs > 0) dropDeadSocket()
-        }, Math.min(LIMITS.pongTimeoutMs, every / 2)) // before the next ping: one unanswered ping decides
-      }
-    }, every)
+      beat()
+    }, beatEvery)
+  }
+  function beat() {
+    missedPongs++
+    const sock = ws
+    const idle = !sock || !(sock.bufferedAmount > 0)
+    send({ t: 'ping' })
+    if (idle && !pongTimer) {
+      pongTimer = setTimeout(() => {
+        pongTimer = null
+        if (ws === sock && missedPongs > 0) dropDeadSocket()
+      }, Math.min(LIMITS.pongTimeoutMs, beatEvery / 2)) // before the next ping: one unanswered ping decides
+    }
   }
   function dropDeadSocket() {
     const sock = ws
@@ -1716,7 +1724,10 @@ export function createAgent(opts) {
   }
 
   // ── visibility ──
-  const onVisibility = () => send({ t: 'visibility', visible: isVisible() })
+  const onVisibility = () => {
+    send({ t: 'visibility', visible: isVisible() })
+    if (isVisible() && heartbeatTimer && !pongTimer && ws && ws.readyState === 1) beat()
+  }
   if (doc && typeof doc.addEventListener === 'function') doc.addEventListener('visibilitychange', onVisibility)
 
   // ── public API ──

@@ -593,6 +593,37 @@ test('a hidden page\'s drain wait runs on a worker timer (its own timers fire on
   })
 })
 
+test('heartbeat: a page shown again checks its socket at once (after a sleep the socket may be dead)', async () => {
+  const handlers = {}
+  const document = { visibilityState: 'hidden', addEventListener: (n, fn) => { handlers[n] = fn }, removeEventListener: (n) => { delete handlers[n] } }
+  const { agent, ws } = await connected({ document })
+  mock.timers.enable({ apis: ['setInterval', 'setTimeout'] })
+  try {
+    ws.frame({ t: 'hello-ack', lapVersion: 2, minClientVersion: 2, heartbeatMs: 15000 })
+    document.visibilityState = 'visible'
+    handlers.visibilitychange()
+    assert.equal(ws.frames('ping').length, 1, 'a ping as the page is shown, not 15 s later')
+    ws.frame({ t: 'pong', at: 1 })
+    mock.timers.tick(5000)
+    assert.equal(agent.status, 'pending-claude', 'answered: the socket stays')
+
+    document.visibilityState = 'hidden'
+    handlers.visibilitychange()
+    assert.equal(ws.frames('ping').length, 1, 'hiding the page sends no ping')
+    document.visibilityState = 'visible'
+    handlers.visibilitychange()
+    assert.equal(ws.frames('ping').length, 2)
+    mock.timers.tick(4999)
+    assert.equal(agent.status, 'pending-claude')
+    mock.timers.tick(1)
+    assert.equal(agent.status, 'reconnecting', 'unanswered within the pong timeout: dropped')
+    assert.equal(ws.closedWith, 4000)
+    agent.destroy()
+  } finally {
+    mock.timers.reset()
+  }
+})
+
 test('visibility: hello carries it, changes send a visibility frame', async () => {
   const handlers = {}
   const document = { visibilityState: 'hidden', addEventListener: (n, fn) => { handlers[n] = fn }, removeEventListener: (n) => { delete handlers[n] } }
