@@ -896,6 +896,7 @@ export function createAgent(opts) {
   let ws = null // current socket
   let opened = false // did the current socket ever open?
   let reconnectTimer = null
+  let reconnectSince = 0 // when the pending reconnect was scheduled
   let heartbeatTimer = null
   let pongTimer = null
   let missedPongs = 0
@@ -1102,6 +1103,7 @@ export function createAgent(opts) {
       case 'schedule': {
         clearTimeout(reconnectTimer)
         const delay = e.delayMs
+        reconnectSince = now()
         reconnectTimer = setTimeout(() => { reconnectTimer = null; fire({ type: 'reconnect-attempt', elapsedMs: delay }) }, delay)
         break
       }
@@ -1724,6 +1726,18 @@ export function createAgent(opts) {
   }
 
   // ── visibility ──
+  // The network is back (a Wi-Fi hand-over, a train out of a tunnel): a
+  // tab waiting out its reconnect backoff (up to 30 s) tries at once, and
+  // an open socket is checked, since it may not have survived the change.
+  const onOnline = () => {
+    if (destroyed) return
+    if (conn.status === 'reconnecting' && reconnectTimer) {
+      clearTimeout(reconnectTimer)
+      reconnectTimer = null
+      fire({ type: 'reconnect-attempt', elapsedMs: Math.max(0, now() - reconnectSince) })
+    } else if (heartbeatTimer && !pongTimer && ws && ws.readyState === 1) beat()
+  }
+  if (win) win.addEventListener('online', onOnline)
   const onVisibility = () => {
     send({ t: 'visibility', visible: isVisible() })
     if (isVisible() && heartbeatTimer && !pongTimer && ws && ws.readyState === 1) beat()
@@ -1787,6 +1801,7 @@ export function createAgent(opts) {
       changeListeners.clear()
       stopChangesIfIdle()
       if (doc && typeof doc.removeEventListener === 'function') doc.removeEventListener('visibilitychange', onVisibility)
+      if (win) win.removeEventListener('online', onOnline)
       if (ui) ui.remove()
       ui = null
       listeners.clear()

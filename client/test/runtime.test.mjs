@@ -624,6 +624,24 @@ test('heartbeat: a page shown again checks its socket at once (after a sleep the
   }
 })
 
+test('online: a tab waiting out its reconnect backoff tries at once when the network is back', async () => {
+  const handlers = {}
+  const window = { addEventListener: (n, fn) => { handlers[n] = fn }, removeEventListener: (n) => { delete handlers[n] } }
+  const { agent, ws } = await connected({ window })
+  mock.timers.enable({ apis: ['setTimeout', 'setInterval'] })
+  try {
+    ws.drop(1006)
+    assert.equal(agent.status, 'reconnecting')
+    assert.equal(FakeWS.all.length, 1, 'the backoff holds the next try')
+    handlers.online()
+    assert.equal(FakeWS.all.length, 2, 'a new socket as the network comes back')
+    agent.destroy()
+    assert.equal(handlers.online, undefined, 'destroy removes the listener')
+  } finally {
+    mock.timers.reset()
+  }
+})
+
 test('visibility: hello carries it, changes send a visibility frame', async () => {
   const handlers = {}
   const document = { visibilityState: 'hidden', addEventListener: (n, fn) => { handlers[n] = fn }, removeEventListener: (n) => { delete handlers[n] } }
