@@ -595,8 +595,9 @@ func tapProxy(t *testing.T, to string) *tap {
 			conns = append(conns, c, up)
 			mu.Unlock()
 			wg.Add(2)
-			go func() { defer wg.Done(); _, _ = io.Copy(io.MultiWriter(up, tp), c); _ = up.Close() }()
-			go func() { defer wg.Done(); _, _ = io.Copy(io.MultiWriter(c, tp), up); _ = c.Close() }()
+			// Kept before passed on: what a side has received, the tap has.
+			go func() { defer wg.Done(); _, _ = io.Copy(io.MultiWriter(tp, up), c); _ = up.Close() }()
+			go func() { defer wg.Done(); _, _ = io.Copy(io.MultiWriter(tp, c), up); _ = c.Close() }()
 		}
 	}()
 	return tp
