@@ -1725,7 +1725,7 @@ export function createAgent(opts) {
     if (changed) { emit('confirm', pendingConfirms()); if (ui) ui.schedule() }
   }
 
-  // ── visibility ──
+  // ── visibility and network ──
   // The network is back (a Wi-Fi hand-over, a train out of a tunnel): a
   // tab waiting out its reconnect backoff (up to 30 s) tries at once, and
   // an open socket is checked, since it may not have survived the change.

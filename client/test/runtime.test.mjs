@@ -71,6 +71,13 @@ function setup({ storage = memStorage(), routes = {}, ...extra } = {}) {
 
 const tick = () => new Promise((r) => setImmediate(r))
 
+// listenerTarget is a fake document or window: the listeners it was given,
+// by event name, to call from the test.
+function listenerTarget() {
+  const handlers = {}
+  return { handlers, target: { addEventListener: (n, fn) => { handlers[n] = fn }, removeEventListener: (n) => { delete handlers[n] } } }
+}
+
 // FakeWorker stands for the dedicated worker lapd.js runs its timers on in
 // a hidden page: it answers each wait at once (setImmediate), where the
 // page's own timers would fire once a second at best.
@@ -594,8 +601,8 @@ test('a hidden page\'s drain wait runs on a worker timer (its own timers fire on
 })
 
 test('heartbeat: a page shown again checks its socket at once (after a sleep the socket may be dead)', async () => {
-  const handlers = {}
-  const document = { visibilityState: 'hidden', addEventListener: (n, fn) => { handlers[n] = fn }, removeEventListener: (n) => { delete handlers[n] } }
+  const { handlers, target } = listenerTarget()
+  const document = { visibilityState: 'hidden', ...target }
   const { agent, ws } = await connected({ document })
   mock.timers.enable({ apis: ['setInterval', 'setTimeout'] })
   try {
@@ -625,8 +632,7 @@ test('heartbeat: a page shown again checks its socket at once (after a sleep the
 })
 
 test('online: a tab waiting out its reconnect backoff tries at once when the network is back', async () => {
-  const handlers = {}
-  const window = { addEventListener: (n, fn) => { handlers[n] = fn }, removeEventListener: (n) => { delete handlers[n] } }
+  const { handlers, target: window } = listenerTarget()
   const { agent, ws } = await connected({ window })
   mock.timers.enable({ apis: ['setTimeout', 'setInterval'] })
   try {
@@ -643,8 +649,8 @@ test('online: a tab waiting out its reconnect backoff tries at once when the net
 })
 
 test('visibility: hello carries it, changes send a visibility frame', async () => {
-  const handlers = {}
-  const document = { visibilityState: 'hidden', addEventListener: (n, fn) => { handlers[n] = fn }, removeEventListener: (n) => { delete handlers[n] } }
+  const { handlers, target } = listenerTarget()
+  const document = { visibilityState: 'hidden', ...target }
   const { agent, ws } = await connected({ document })
   assert.equal(ws.frames('hello')[0].visible, false)
   document.visibilityState = 'visible'
