@@ -122,6 +122,7 @@ type cluster struct {
 	mu     sync.Mutex
 	subs   map[string]tabSub     // tids held here
 	remote map[string]*remoteTab // tids held elsewhere (cache)
+	absent map[string]time.Time  // tids no node answered for lately (see absentFor)
 
 	forwarded, noResponders, failures, served atomic.Int64
 	reasserts                                 atomic.Int64 // takeovers re-published after a reconnect
@@ -167,7 +168,7 @@ func newCluster(r *Registry, nc *nats.Conn, prefix, node, peerListen, peerAdvert
 		node = newID()
 	}
 	c := &cluster{r: r, nc: nc, prefix: prefix, node: node, in: make(chan *nats.Msg, 4096), work: make(chan *nats.Msg),
-		subs: map[string]tabSub{}, remote: map[string]*remoteTab{}}
+		subs: map[string]tabSub{}, remote: map[string]*remoteTab{}, absent: map[string]time.Time{}}
 	sub, err := nc.Subscribe(prefix+".takeover", c.onTakeover)
 	if err != nil {
 		return nil, err
@@ -321,6 +322,7 @@ func (c *cluster) own(tid string, sock *conn) {
 		return // it ended already: its end disowned, or will
 	}
 	delete(c.remote, tid)
+	delete(c.absent, tid)
 	if ts, ok := c.subs[tid]; !ok || ts.s != sock.s {
 		if ok { // a dropped session's, not yet disowned
 			_ = ts.sub.Unsubscribe()
@@ -398,6 +400,7 @@ func (c *cluster) onTakeover(m *nats.Msg) {
 	}
 	rev, _ := strconv.ParseUint(m.Header.Get(hdrRev), 10, 64) // 0: unknown
 	c.mu.Lock()
+	delete(c.absent, tid)
 	if e := c.remote[tid]; e == nil || e.peer == nil || e.peer.node != node {
 		// What this node knew of tid's owner is stale. (Requests already
 		// going to the announcing node's link keep it: its takeover may
@@ -757,8 +760,9 @@ func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) 
 		req.Header = nats.Header{hdrAdmit: []string{"1"}}
 	}
 	m, err := c.nc.RequestMsgWithContext(ctx, req)
+	relook := errors.Is(err, nats.ErrNoResponders) && !c.absentLately(tid)
 	for _, d := range noResponderRetry {
-		if !errors.Is(err, nats.ErrNoResponders) {
+		if !relook || !errors.Is(err, nats.ErrNoResponders) {
 			break
 		}
 		if h := c.testNoResponders; h != nil {
@@ -791,6 +795,9 @@ func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) 
 	case errors.Is(err, nats.ErrNoResponders):
 		c.noResponders.Add(1)
 		c.forgetRemote(tid)
+		if relook {
+			c.markAbsent(tid)
+		}
 		return nil, nil, ErrPaused
 	case ctx.Err() != nil:
 		c.failures.Add(1)
@@ -812,6 +819,29 @@ func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) 
 // right after the tab paired, through another server, finds it on a later
 // look. A tab that is really not connected is answered paused 120 ms later.
 var noResponderRetry = [...]time.Duration{20 * time.Millisecond, 100 * time.Millisecond}
+
+// The looks again are paid once per tid per absentFor: a tab found
+// absent three times is looked for once by the calls that follow within
+// that second (a token holder calling a closed tab in a loop makes one
+// NATS request per call, as before the looks again, not three). A takeover
+// heard for the tid, or a tab of it accepted here, ends that.
+const absentFor = time.Second
+
+func (c *cluster) absentLately(tid string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at, ok := c.absent[tid]
+	return ok && time.Since(at) < absentFor
+}
+
+func (c *cluster) markAbsent(tid string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.absent) >= maxRemote {
+		clear(c.absent) // many closed tabs called at once: start over rather than grow
+	}
+	c.absent[tid] = time.Now()
+}
 
 // sleepCtx waits d, or until ctx ends (false).
 func sleepCtx(ctx context.Context, d time.Duration) bool {

@@ -207,6 +207,25 @@ func TestClusterLateSubscriptionFound(t *testing.T) {
 	}
 }
 
+// The looks again cost a closed tab's caller two more NATS requests and
+// 120 ms, once per tid per second: a token holder calling a tab that no
+// node holds, in a loop, makes one NATS request per call, not three.
+func TestClusterAbsentTabLookedForOnce(t *testing.T) {
+	t.Parallel()
+	es := clusterEnvs(t, 2, viaNATS)
+	_, tid := es[0].mint("u")
+	var looks atomic.Int64
+	es[1].reg.cl.testNoResponders = func() { looks.Add(1) }
+	for i, want := range []int64{2, 2, 2} {
+		if _, err := es[1].reg.Call(ctxT(t), tid, "get_state", nil, 0); !errors.Is(err, ErrPaused) {
+			t.Fatalf("call %d for a tab no node holds = %v, want ErrPaused", i+1, err)
+		}
+		if n := looks.Load(); n != want {
+			t.Fatalf("after call %d: %d looks again, want %d (only the first call within a second looks again)", i+1, n, want)
+		}
+	}
+}
+
 // The per-tid rate limit is decided by the owner's OnAdmit.
 func TestClusterAdmitOnOwner(t *testing.T) { bothLinks(t, testClusterAdmitOnOwner) }
 
