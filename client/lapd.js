@@ -1344,7 +1344,9 @@ export function createAgent(opts) {
       case 'rpc': handleRpc(f, t0); break
       case 'hello-ack': startHeartbeat(f.heartbeatMs); break
       case 'pong': missedPongs = 0; stopPongTimer(); break
-      case 'active': fire({ type: 'activated' }); emit('active'); break
+      // A re-pair before any model used the token says so ("model":false):
+      // the human still has to paste the line, so the panel keeps asking.
+      case 'active': if (f.model !== false) { fire({ type: 'activated' }); emit('active') } break
       case 'revoked': fire({ type: 'revoked' }); emit('revoked'); break
       case 'log-push': if (f.entry && typeof f.entry === 'object') { addLog(f.entry); send({ t: 'log-append', entry: f.entry }) } break
       // An entry the server already recorded (e.g. a dispatch its policy refused): show it, do not echo it.

@@ -263,10 +263,11 @@ func (c *call) readRequestBody() *apiError {
 	return nil
 }
 
-// finish: activation (awaiting-claude → active + {t:'active'}), touch, audit.
+// finish: activation (awaiting-claude → active + {t:'active'}; or a
+// re-paired tab's first model call, see Manager.Activate), touch, audit.
 func (c *call) finish() {
 	ctx := context.WithoutCancel(c.ctx)
-	if c.rec.Status == tokens.StatusAwaitingClaude {
+	if c.rec.Status == tokens.StatusAwaitingClaude || (c.rec.Status == tokens.StatusActive && !c.rec.Used) {
 		if _, changed, err := c.s.cfg.Tokens.Activate(ctx, c.tid); err == nil && changed {
 			_ = c.s.cfg.Registry.Push(c.tid, activeFrame)
 		}
@@ -293,6 +294,13 @@ func (c *call) auditOutcome(event string, detail map[string]any) {
 }
 
 var activeFrame = json.RawMessage(`{"t":"active"}`)
+
+// repairedFrame is what a tab that re-pairs before any model used its token
+// is pushed: the reference's {t:'active'} (a re-pair is active), with
+// lapd's "model":false saying no model has used the session yet. lapd.js
+// then keeps asking the human to paste the connect line; the model's first
+// call pushes activeFrame.
+var repairedFrame = json.RawMessage(`{"t":"active","model":false}`)
 
 // readBody reads r to its end, or to limit+1 bytes (a body over the limit),
 // as io.ReadAll(io.LimitReader(r, limit+1)) does, into a buffer of the

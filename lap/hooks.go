@@ -9,14 +9,19 @@ import (
 	"github.com/lapd-dev/lapd/pairing"
 )
 
-// onPaired: a re-pair gets {t:'active'} at once; pending approvals are
-// re-delivered with confirm-sync.
+// onPaired: a re-pair gets {t:'active'} at once (with "model":false when no
+// model has used the token yet); pending approvals are re-delivered with
+// confirm-sync.
 func (s *Server) onPaired(tid string, repair bool) {
 	s.tabsMu.Lock()
 	s.tabs[tid] = struct{}{}
 	s.tabsMu.Unlock()
 	if repair {
-		_ = s.cfg.Registry.Push(tid, activeFrame)
+		f := activeFrame
+		if rec, err := s.cfg.Tokens.Get(context.Background(), tid); err == nil && !rec.Used {
+			f = repairedFrame
+		}
+		_ = s.cfg.Registry.Push(tid, f)
 	}
 	if p := s.cfg.Confirm.PendingFor(tid); len(p) > 0 {
 		_ = s.cfg.Registry.Push(tid, map[string]any{"t": "confirm-sync", "pending": p})

@@ -554,3 +554,58 @@ func TestTooManyPendingRetry(t *testing.T) {
 		t.Errorf("pending %+v, want none", p)
 	}
 }
+
+// A tab that re-pairs before any model used its token (the human reloaded
+// the page before pasting the line) is pushed the reference's {t:'active'}
+// with lapd's "model":false; the model's first call then pushes
+// {t:'active'}, once.
+func TestRepairBeforeAnyModelCall(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, tid, tab := e.paired()
+	if _, err := tab.WaitFor(ctxT(t), "hello-ack"); err != nil {
+		t.Fatal(err)
+	}
+	tab.Close()
+	waitStatus(t, e, tid, tokens.StatusPendingResume)
+	tab2 := e.dial(token)
+	f, err := tab2.WaitFor(ctxT(t), "active")
+	if err != nil || string(f.Raw) != `{"t":"active","model":false}` {
+		t.Fatalf("re-pair before any model call pushed %s (%v), want {\"t\":\"active\",\"model\":false}", f.Raw, err)
+	}
+	if r := e.lapCall(token, "/observe", `{}`); r.status != 200 {
+		t.Fatalf("observe: %d %s", r.status, r.body)
+	}
+	if f, err = tab2.WaitFor(ctxT(t), "active"); err != nil || string(f.Raw) != `{"t":"active"}` {
+		t.Fatalf("the model's first call pushed %s (%v), want {\"t\":\"active\"}", f.Raw, err)
+	}
+	for range 2 {
+		if r := e.lapCall(token, "/observe", `{}`); r.status != 200 {
+			t.Fatalf("observe: %d %s", r.status, r.body)
+		}
+	}
+	// Each call's handler (and its push, if any) ended before the next
+	// call's rpc was sent: one active frame after the first call's only.
+	frames := tab2.Frames()
+	last, actives := -1, 0
+	for i, f := range frames {
+		if f.T == "rpc" {
+			last = i
+		}
+	}
+	for _, f := range frames[:last+1] {
+		if f.T == "active" {
+			actives++
+		}
+	}
+	if last < 0 || actives != 2 {
+		t.Errorf("%d active frames before the last call's rpc (frames %d, last rpc at %d), want 2", actives, len(frames), last)
+	}
+	// Used, the next re-pair is the reference's.
+	tab2.Close()
+	waitStatus(t, e, tid, tokens.StatusPendingResume)
+	tab3 := e.dial(token)
+	if f, err = tab3.WaitFor(ctxT(t), "active"); err != nil || string(f.Raw) != `{"t":"active"}` {
+		t.Fatalf("re-pair after a model's call pushed %s (%v), want {\"t\":\"active\"}", f.Raw, err)
+	}
+}

@@ -254,7 +254,7 @@ func (m *Manager) Connected(ctx context.Context, tid, tokenHash, tabSecret strin
 			r.Status = StatusActive
 			r.PendingResumeUntil = 0
 			if r.Label == "" {
-				r.Label = "(reconnected)"
+				r.Label = repairLabel
 			}
 			repair = true
 			return nil
@@ -273,14 +273,26 @@ func (m *Manager) Connected(ctx context.Context, tid, tokenHash, tabSecret strin
 	return rec, repair, nil
 }
 
-// Activate moves awaiting-claude → active with label uid ?? label ?? "Claude"
-// and reports whether it changed anything (the caller then pushes {t:'active'}).
+// Activate records a model's LAP call: awaiting-claude → active with label
+// uid ?? label ?? "Claude" (the reference's activation), and Used set. An
+// active record not yet Used (a tab that re-paired before any model used
+// its token: the reference makes that active too) gets Used, and the label
+// "(reconnected)" such a re-pair gave it becomes uid ?? "Claude". It
+// reports whether it changed anything (the caller then pushes
+// {t:'active'}).
 func (m *Manager) Activate(ctx context.Context, tid string) (Record, bool, error) {
 	return m.update(ctx, tid, func(r *Record) error {
-		if r.Status != StatusAwaitingClaude {
+		switch {
+		case r.Status == StatusAwaitingClaude:
+			r.Status = StatusActive
+		case r.Status == StatusActive && !r.Used:
+			if r.Label == repairLabel {
+				r.Label = ""
+			}
+		default:
 			return errUnchanged
 		}
-		r.Status = StatusActive
+		r.Used = true
 		switch {
 		case r.UID != "":
 			r.Label = r.UID
@@ -290,6 +302,9 @@ func (m *Manager) Activate(ctx context.Context, tid string) (Record, bool, error
 		return nil
 	})
 }
+
+// repairLabel is the label a re-pair gives a record that had none.
+const repairLabel = "(reconnected)"
 
 // Disconnected moves active/awaiting-claude → pending-resume with the grace
 // deadline. Other statuses are left alone.
@@ -427,6 +442,7 @@ func (m *Manager) Claim(ctx context.Context, tid, origin string, by Owner) (toke
 			r.TabHash = newTabHash
 		}
 		r.Status = StatusActive
+		r.Used = false // a new token: no model has it yet
 		r.PendingResumeUntil = 0
 		r.ExpiresAt = now + m.cfg.TTL.Milliseconds()
 		r.LastSeenAt = now

@@ -375,7 +375,7 @@ func TestRepairInsideGrace(t *testing.T) {
 					}
 					return
 				}
-				if !repair || got.Status != tokens.StatusActive || got.PendingResumeUntil != 0 || got.Label != "Claude" {
+				if !repair || got.Status != tokens.StatusActive || got.PendingResumeUntil != 0 || got.Label != "Claude" || !got.Used {
 					t.Errorf("re-pair = %+v, repair=%v", got, repair)
 				}
 			})
@@ -391,8 +391,22 @@ func TestRepairLabel(t *testing.T) {
 		f.m.Accept(f.ctx, tok)
 		f.m.Disconnected(f.ctx, rec.TID)
 		got, repair, err := f.m.Accept(f.ctx, tok)
-		if err != nil || !repair || got.Label != "(reconnected)" {
+		if err != nil || !repair || got.Label != "(reconnected)" || got.Status != tokens.StatusActive || got.Used {
 			t.Errorf("re-pair = %+v, %v, %v", got, repair, err)
+		}
+		// The model's first call then marks it used (the caller pushes
+		// {t:'active'} once more) and gives it the activation's label.
+		got, changed, err := f.m.Activate(f.ctx, rec.TID)
+		if err != nil || !changed || !got.Used || got.Status != tokens.StatusActive || got.Label != "Claude" {
+			t.Errorf("first call after a re-pair before any model: %+v, changed=%v, %v", got, changed, err)
+		}
+		if _, changed, err := f.m.Activate(f.ctx, rec.TID); err != nil || changed {
+			t.Errorf("second call: changed=%v, %v", changed, err)
+		}
+		// Used survives the next re-pair.
+		f.m.Disconnected(f.ctx, rec.TID)
+		if got, _, err := f.m.Accept(f.ctx, tok); err != nil || !got.Used || got.Label != "Claude" {
+			t.Errorf("re-pair after a model's call = %+v, %v", got, err)
 		}
 	})
 }
@@ -419,6 +433,7 @@ func TestClaim(t *testing.T) {
 	forEachStore(t, tokens.Config{TTL: time.Hour}, func(t *testing.T, f *fixture) {
 		oldTok, rec := f.mint(t, "alice")
 		f.m.Accept(f.ctx, oldTok)
+		f.m.Activate(f.ctx, rec.TID) // the model used the old token
 		f.m.Disconnected(f.ctx, rec.TID)
 		f.clock.Advance(10 * time.Second)
 		tok, tab, got, err := f.m.Claim(f.ctx, rec.TID, "https://app.example", tokens.Owner{UID: "alice"})
@@ -427,8 +442,8 @@ func TestClaim(t *testing.T) {
 		}
 		now := f.m.Now()
 		if got.TID != rec.TID || got.Status != tokens.StatusActive || got.ExpiresAt != now+3600_000 ||
-			got.PendingResumeUntil != 0 || got.LastSeenAt != now || got.Label != "(resumed)" {
-			t.Errorf("Claim record = %+v", got)
+			got.PendingResumeUntil != 0 || got.LastSeenAt != now || got.Label != "alice" || got.Used {
+			t.Errorf("Claim record = %+v (a new token: no model has used it)", got)
 		}
 		if tok == oldTok {
 			t.Fatal("Claim did not rotate the token")

@@ -52,19 +52,20 @@ type natsRecord struct {
 	Origin             string `json:"origin,omitempty"`
 	Label              string `json:"label,omitempty"`
 	TabHash            string `json:"tabHash,omitempty"`
+	Used               bool   `json:"used,omitempty"`
 	Seq                int64  `json:"seq"` // creation order
 }
 
 func (n natsRecord) record() Record {
 	return Record{TID: n.TID, TokenHash: n.TokenHash, UID: n.UID, Status: n.Status, CreatedAt: n.CreatedAt,
 		ExpiresAt: n.ExpiresAt, LastSeenAt: n.LastSeenAt, PendingResumeUntil: n.PendingResumeUntil,
-		Origin: n.Origin, Label: n.Label, TabHash: n.TabHash}
+		Origin: n.Origin, Label: n.Label, TabHash: n.TabHash, Used: n.Used}
 }
 
 func toNATS(r Record, seq int64) natsRecord {
 	return natsRecord{TID: r.TID, TokenHash: r.TokenHash, UID: r.UID, Status: r.Status, CreatedAt: r.CreatedAt,
 		ExpiresAt: r.ExpiresAt, LastSeenAt: r.LastSeenAt, PendingResumeUntil: r.PendingResumeUntil,
-		Origin: r.Origin, Label: r.Label, TabHash: r.TabHash, Seq: seq}
+		Origin: r.Origin, Label: r.Label, TabHash: r.TabHash, Used: r.Used, Seq: seq}
 }
 
 var _ Store = (*NATSStore)(nil)

@@ -36,8 +36,8 @@ type SQLiteStore struct {
 var _ Store = (*SQLiteStore)(nil)
 
 // sqliteSchemaVersion is the tokens table layout this code reads and writes:
-// 1 the reference's fields, 2 adds tab_hash.
-const sqliteSchemaVersion = 2
+// 1 the reference's fields, 2 adds tab_hash, 3 adds used.
+const sqliteSchemaVersion = 3
 
 const sqliteSchema = `
 CREATE TABLE IF NOT EXISTS tokens (
@@ -52,17 +52,21 @@ CREATE TABLE IF NOT EXISTS tokens (
 	pending_resume_until INTEGER NOT NULL DEFAULT 0,
 	origin               TEXT    NOT NULL DEFAULT '',
 	label                TEXT    NOT NULL DEFAULT '',
-	tab_hash             TEXT    NOT NULL DEFAULT ''
+	tab_hash             TEXT    NOT NULL DEFAULT '',
+	used                 INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS tokens_uid ON tokens (uid, seq);
 CREATE INDEX IF NOT EXISTS tokens_expires_at ON tokens (expires_at);
 `
 
-const recordColumns = `tid, token_hash, uid, status, created_at, expires_at, last_seen_at, pending_resume_until, origin, label, tab_hash`
+const recordColumns = `tid, token_hash, uid, status, created_at, expires_at, last_seen_at, pending_resume_until, origin, label, tab_hash, used`
 
 // sqliteMigrations[v] moves a version-v table to version v+1.
 var sqliteMigrations = map[int]string{
 	1: `ALTER TABLE tokens ADD COLUMN tab_hash TEXT NOT NULL DEFAULT ''`,
+	// Records from before it read as unused: such a tab that re-pairs is
+	// told no model used it until the model's next call says otherwise.
+	2: `ALTER TABLE tokens ADD COLUMN used INTEGER NOT NULL DEFAULT 0`,
 }
 
 // OpenSQLite opens (or creates) the SQLite file at path in WAL mode with a
@@ -137,7 +141,7 @@ func scanRecord(r rowScanner) (Record, error) {
 	var rec Record
 	var status string
 	err := r.Scan(&rec.TID, &rec.TokenHash, &rec.UID, &status, &rec.CreatedAt, &rec.ExpiresAt,
-		&rec.LastSeenAt, &rec.PendingResumeUntil, &rec.Origin, &rec.Label, &rec.TabHash)
+		&rec.LastSeenAt, &rec.PendingResumeUntil, &rec.Origin, &rec.Label, &rec.TabHash, &rec.Used)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, ErrNotFound
 	}
@@ -170,9 +174,9 @@ func (s *SQLiteStore) Create(ctx context.Context, rec Record) error {
 		return err
 	}
 	defer s.unlock()
-	_, err := s.db.ExecContext(ctx, `INSERT INTO tokens (`+recordColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO tokens (`+recordColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		rec.TID, rec.TokenHash, rec.UID, string(rec.Status), rec.CreatedAt, rec.ExpiresAt,
-		rec.LastSeenAt, rec.PendingResumeUntil, rec.Origin, rec.Label, rec.TabHash)
+		rec.LastSeenAt, rec.PendingResumeUntil, rec.Origin, rec.Label, rec.TabHash, rec.Used)
 	switch {
 	case isConstraint(err):
 		return ErrExists
@@ -248,9 +252,9 @@ func (s *SQLiteStore) Update(ctx context.Context, tid string, fn func(*Record) e
 	}
 	next.TID = tid
 	_, err = conn.ExecContext(ctx, `UPDATE tokens SET token_hash = ?, uid = ?, status = ?, created_at = ?,
-		expires_at = ?, last_seen_at = ?, pending_resume_until = ?, origin = ?, label = ?, tab_hash = ? WHERE tid = ?`,
+		expires_at = ?, last_seen_at = ?, pending_resume_until = ?, origin = ?, label = ?, tab_hash = ?, used = ? WHERE tid = ?`,
 		next.TokenHash, next.UID, string(next.Status), next.CreatedAt, next.ExpiresAt,
-		next.LastSeenAt, next.PendingResumeUntil, next.Origin, next.Label, next.TabHash, tid)
+		next.LastSeenAt, next.PendingResumeUntil, next.Origin, next.Label, next.TabHash, next.Used, tid)
 	switch {
 	case isConstraint(err):
 		return cur, ErrExists

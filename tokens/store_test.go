@@ -157,7 +157,7 @@ func TestCachedStore(t *testing.T) {
 }
 
 // A lapd.db written by a lapd before tab secrets (schema 1) opens, keeps
-// its records and gains the tab_hash column.
+// its records and gains the tab_hash and used columns.
 func TestSQLiteStoreMigratesFromV1(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "lapd.db")
@@ -190,6 +190,19 @@ func TestSQLiteStoreMigratesFromV1(t *testing.T) {
 	}
 	if rec, _ := s.Get(t.Context(), "t1"); rec.TabHash != tabHash {
 		t.Errorf("tab hash not stored: %+v", rec)
+	}
+	if rec.Used {
+		t.Errorf("a record from before the used column reads as used: %+v", rec)
+	}
+	if _, err := s.Update(t.Context(), "t1", func(r *tokens.Record) error { r.Used = true; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := s.Get(t.Context(), "t1"); !rec.Used {
+		t.Errorf("used not stored: %+v", rec)
+	}
+	var v int
+	if err := db.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil || v != 3 {
+		t.Errorf("schema version after migration: %d, %v; want 3", v, err)
 	}
 }
 

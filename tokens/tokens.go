@@ -88,6 +88,13 @@ type Record struct {
 	// (see MintTab); "" for a session minted without one, whose agent
 	// token is then also the tab's credential (the reference's model).
 	TabHash string `json:"-"`
+	// Used reports that a model has made a LAP call with the current token:
+	// set by Activate, cleared when Claim rotates the token. lapd's own (not
+	// in the reference's record): a tab that re-pairs before any model used
+	// its token is told so (PROTOCOL.md, "active"), so its panel keeps
+	// asking the human to paste the line instead of saying an AI is
+	// connected.
+	Used bool `json:"used,omitempty"`
 	// Rev is the store's revision of the write that Update (and so
 	// Manager.Connected) returns this record from, in a store that keeps
 	// revisions (NATSStore: the KV revision; every later write of the

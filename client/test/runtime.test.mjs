@@ -153,6 +153,26 @@ test('mint, hello, active, connect line, persisted session', async () => {
   env.agent.destroy()
 })
 
+test('a re-pair before any model used the token keeps asking for the line', async () => {
+  const storage = memStorage({ 'lapd:session': JSON.stringify(MINT) })
+  const env = setup({ storage })
+  const events = []
+  env.agent.on('active', () => events.push('active'))
+  await until(() => FakeWS.all.length === 1, 'socket')
+  const ws = FakeWS.all[0]
+  ws.open()
+  // The page was reloaded before the human pasted the line: the server's
+  // re-pair push says no model has used the session.
+  ws.frame({ t: 'active', model: false })
+  assert.equal(env.agent.status, 'pending-claude')
+  assert.deepEqual(events, [])
+  // The model's first call.
+  ws.frame({ t: 'active' })
+  assert.equal(env.agent.status, 'active')
+  assert.deepEqual(events, ['active'])
+  env.agent.destroy()
+})
+
 test('mint failure → error with http code', async () => {
   const env = setup({ routes: { '/agent/mint': () => json(401, { error: { code: 'auth-required' } }) } })
   env.agent.connect()

@@ -27,7 +27,7 @@ func record(tid, uid string, createdAt int64) tokens.Record {
 		TID: tid, TokenHash: hash, UID: uid, Status: tokens.StatusActive,
 		CreatedAt: createdAt, ExpiresAt: createdAt + 86_400_000, LastSeenAt: createdAt + 1,
 		PendingResumeUntil: createdAt + 60_000, Origin: "https://app.example", Label: "label " + tid,
-		TabHash: tabHash,
+		TabHash: tabHash, Used: true,
 	}
 }
 
