@@ -30,32 +30,16 @@ func TestBrowserBackForwardCache(t *testing.T) {
 		t.Fatalf("history.back: %v", err)
 	}
 	// The restored page keeps its own JavaScript context, which chromedp
-	// dropped when the page went away: evaluations fail ("Cannot find
-	// context") until it reports the page's context again, and its Poll
-	// does not see the restored page. So this waits with Evaluate.
-	until := func(js string, d time.Duration) {
-		t.Helper()
-		deadline := time.Now().Add(d)
-		for {
-			v, err := chromedp.Run(tab.ctx, chromedp.Evaluate[bool](`!!(`+js+`)`))
-			if err == nil && v {
-				return
-			}
-			if time.Now().After(deadline) {
-				st, _ := chromedp.Run(tab.ctx, chromedp.Evaluate[string](`window.__lapd ? window.__lapd.status : 'no agent'`))
-				t.Fatalf("waiting %v for %s: %v, %v (agent status %s)", d, js, v, err, st)
-			}
-			time.Sleep(50 * time.Millisecond) // a poll: the browser sends no event for it
-		}
-	}
-	until(`window.__kept === true && window.__shown.length === 1`, 10*time.Second)
+	// dropped when the page went away: its Poll does not see the restored
+	// page. So this waits with waitEval.
+	tab.waitEval(`window.__kept === true && window.__shown.length === 1`, 10*time.Second)
 	var persisted bool
 	tab.eval(`window.__shown[0]`, &persisted)
 	if !persisted {
 		t.Fatal("the page was not restored from the back/forward cache (pageshow.persisted false)")
 	}
 	// Reconnected (a re-pair is active at once), and the panel shows it.
-	until(`window.__lapd.status === 'active' && `+browserTestID("status")+`.getAttribute('data-status') === 'active'`, 15*time.Second)
+	tab.waitEval(`window.__lapd.status === 'active' && `+browserTestID("status")+`.getAttribute('data-status') === 'active'`, 15*time.Second)
 	obs := browserOK(t, mc, "observe", map[string]any{"session": sess})
 	state, _ := obs["state"].(map[string]any)
 	if tasks, _ := state["tasks"].([]any); len(tasks) != 3 {
@@ -65,5 +49,5 @@ func TestBrowserBackForwardCache(t *testing.T) {
 	if r["status"] != "dispatched" {
 		t.Fatalf("send_message after the page came back: %s", browserJSON(r))
 	}
-	until(`[...document.querySelectorAll('#board li.task .title')].some((e) => e.textContent === 'after Back')`, 5*time.Second)
+	tab.waitEval(`[...document.querySelectorAll('#board li.task .title')].some((e) => e.textContent === 'after Back')`, 5*time.Second)
 }

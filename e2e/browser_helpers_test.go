@@ -77,8 +77,9 @@ func browserOpenSize(t *testing.T, url string, w, h int64) *browserTab {
 
 // browserLaunch is browserOpenSize; with realTimers the browser keeps its
 // default throttling of a hidden page's timers (the other tests turn it off,
-// so that their timing does not depend on the page being shown).
-func browserLaunch(t *testing.T, url string, w, h int64, realTimers bool) *browserTab {
+// so that their timing does not depend on the page being shown). extra
+// options are appended to the browser's.
+func browserLaunch(t *testing.T, url string, w, h int64, realTimers bool, extra ...chromedp.ExecAllocatorOption) *browserTab {
 	t.Helper()
 	needTool(t, "chromium", browserChromium)
 	opts := []chromedp.ExecAllocatorOption{
@@ -101,6 +102,7 @@ func browserLaunch(t *testing.T, url string, w, h int64, realTimers bool) *brows
 		opts = append(opts, chromedp.Flag("disable-background-timer-throttling", true),
 			chromedp.Flag("disable-renderer-backgrounding", true))
 	}
+	opts = append(opts, extra...)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(allocCtx)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
@@ -266,6 +268,27 @@ func (b *browserTab) waitJS(js string, d time.Duration) {
 		status, _ := chromedp.Run(sctx, chromedp.Evaluate[string](`window.__lapd ? window.__lapd.status + ' ' + JSON.stringify(window.__lapd.error) : 'no agent'`))
 		feed, _ := chromedp.Run(sctx, chromedp.Evaluate[string](`(`+browserTestID("feed")+` || {}).textContent || ''`))
 		b.t.Fatalf("waiting %s for %s: %v (agent status %s; feed %q)", d, js, err, status, feed)
+	}
+}
+
+// waitEval is waitJS polled from here with one evaluation at a time, for
+// a page whose own timers do not run on time (a hidden page the browser
+// throttles) or that chromedp's Poll does not follow (a page restored from
+// the back/forward cache, whose context chromedp dropped when it went
+// away: evaluations fail until it reports the context again).
+func (b *browserTab) waitEval(js string, d time.Duration) {
+	b.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		v, err := chromedp.Run(b.ctx, chromedp.Evaluate[bool](`!!(`+js+`)`))
+		if err == nil && v {
+			return
+		}
+		if time.Now().After(deadline) {
+			st, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`window.__lapd ? window.__lapd.status : 'no agent'`))
+			b.t.Fatalf("waiting %v for %s: %v, %v (agent status %s)", d, js, v, err, st)
+		}
+		time.Sleep(50 * time.Millisecond) // a poll: the browser sends no event for it
 	}
 }
 

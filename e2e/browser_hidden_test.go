@@ -91,3 +91,49 @@ func TestBrowserHiddenTab(t *testing.T) {
 	}
 	tab.waitJS(`document.visibilityState === 'visible' && document.title === `+browserJSON(title), 10*time.Second)
 }
+
+// TestBrowserHiddenTabThrottled: a hidden page whose timers the browser
+// runs about once a minute (Chrome's intensive wake-up throttling, after 5
+// minutes hidden; Safari every 40 s) sends lapd.js's heartbeat that rarely.
+// The server must not take that silence for a dead tab while the page said
+// it is hidden (PROTOCOL.md: two minutes and a half), or an idle hidden tab
+// is closed and reconnected every minute or two. Chromium is started with
+// the throttling forced on after 10 s hidden (not 5 minutes), and lapd with
+// a 5 s heartbeat, so a visible tab would be closed after 12.5 s of
+// silence. Without the server's allowance the tab is closed (4408) and
+// reconnects (checked). It takes about 100 s.
+func TestBrowserHiddenTabThrottled(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t, "", "--heartbeat", "5s")
+	tab := browserLaunch(t, srv.URL+"/", browserDesktopW, browserDesktopH, true,
+		chromedp.Flag("enable-features", "IntensiveWakeUpThrottling:grace_period_seconds/10"),
+		chromedp.Flag("intensive-wake-up-throttling-policy", "1"))
+	mc, sess := browserConnectAI(t, tab, srv.URL)
+	tab.eval(`(() => {
+  window.__pings = []; window.__sockets = new Set()
+  const send = WebSocket.prototype.send
+  WebSocket.prototype.send = function (d) {
+    if (typeof d === 'string' && d.includes('"t":"ping"')) { window.__pings.push(Date.now()); window.__sockets.add(this) }
+    return send.call(this, d)
+  }
+  return true
+})()`, nil)
+	f := false
+	if _, err := chromedp.CallBrowser(tab.ctx, target.CreateTarget, target.CreateTargetParams{URL: "about:blank", NewWindow: &f, Background: &f}); err != nil {
+		t.Fatalf("opening a tab in front: %v", err)
+	}
+	tab.waitJS(`document.visibilityState === 'hidden'`, 10*time.Second)
+	// The heartbeat's timer becomes throttled once it has fired five times
+	// and the page has been hidden 10 s: then two pings 25 s apart or more
+	// (twice what a visible tab may be silent), on the one socket.
+	gap := `(() => { const p = window.__pings; let g = 0; for (let i = 1; i < p.length; i++) g = Math.max(g, p[i] - p[i - 1]); return g })()`
+	tab.waitEval(gap+` >= 25000 && window.__sockets.size === 1 && window.__lapd.status === 'active'`, 150*time.Second)
+	var g float64
+	tab.eval(gap, &g)
+	obs := browserOK(t, mc, "observe", map[string]any{"session": sess})
+	h := browserJSON(obs["health"])
+	if !strings.Contains(h, `"visible":false`) || !strings.Contains(h, `"reconnects":0`) || !strings.Contains(h, `"connected":true`) {
+		t.Fatalf("after %.0f s between two heartbeats of the hidden tab: health %s, want connected, hidden, no reconnect", g/1000, h)
+	}
+	t.Logf("the hidden tab stayed paired through %.0f s between two heartbeats (a visible one is closed after 12.5 s)", g/1000)
+}
