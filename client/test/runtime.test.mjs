@@ -668,6 +668,30 @@ test('online: a tab waiting out its reconnect backoff tries at once when the net
   }
 })
 
+test('heartbeat: in a hidden page the pong is timed on the worker (the page\'s timers may run once a minute)', async () => {
+  await withFakeWorker(async () => {
+    const { handlers, target: window } = listenerTarget()
+    const document = { visibilityState: 'hidden', addEventListener: () => {}, removeEventListener: () => {} }
+    const { agent, ws } = await connected({ document, window })
+    mock.timers.enable({ apis: ['setInterval', 'setTimeout'] })
+    try {
+      ws.frame({ t: 'hello-ack', lapVersion: 2, minClientVersion: 2, heartbeatMs: 15000 })
+      handlers.online() // the network is back: the open socket is checked
+      assert.equal(ws.frames('ping').length, 1)
+      assert.equal(FakeWorker.made.length, 1)
+      assert.deepEqual(FakeWorker.made[0].posted.map((m) => m[1]), [5000])
+      // The page's own timers do not move (a throttled hidden page); the
+      // worker's does (the fake answers at once).
+      await new Promise((resolve) => setImmediate(resolve)) // (setTimeout is mocked)
+      assert.equal(agent.status, 'reconnecting', 'dropped at the pong timeout, by the worker\'s timer')
+      assert.equal(ws.closedWith, 4000)
+      agent.destroy()
+    } finally {
+      mock.timers.reset()
+    }
+  })
+})
+
 test('visibility: hello carries it, changes send a visibility frame', async () => {
   const { handlers, target } = listenerTarget()
   const document = { visibilityState: 'hidden', ...target }
