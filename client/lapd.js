@@ -1229,19 +1229,23 @@ export function createAgent(opts) {
       beat()
     }, beatEvery)
   }
-  function beat() {
+  // beat sends a ping; urgent: a check the page asked for (the network is
+  // back), not the heartbeat's schedule.
+  function beat(urgent = false) {
     missedPongs++
     const sock = ws
     const idle = !sock || !(sock.bufferedAmount > 0)
     send({ t: 'ping' })
     if (idle && !pongTimer) {
-      // before the next ping: one unanswered ping decides. On after(): in a
-      // hidden page the browser may run the page's timers once a minute, so
-      // a ping sent then (or on 'online') is still timed to the second.
+      // Before the next ping: one unanswered ping decides. In a hidden
+      // page the browser may run the page's timers once a minute: the
+      // pong is then timed on the worker, made for an urgent check (a
+      // worker per hidden tab for its heartbeat alone would cost more
+      // than it finds).
       pongTimer = after(Math.min(LIMITS.pongTimeoutMs, beatEvery / 2), () => {
         pongTimer = null
         if (ws === sock && missedPongs > 0) dropDeadSocket()
-      })
+      }, urgent)
     }
   }
   function dropDeadSocket() {
@@ -1281,11 +1285,12 @@ export function createAgent(opts) {
   // so while the page is hidden the wait also runs in one (made on first
   // need, from a blob: URL); setTimeout runs beside it and wins when the
   // worker cannot start (a CSP without worker-src blob:, no Worker).
+  // after(ms, fn, false) uses the worker only when one was made already.
   let timerWorker = null // null: not tried; false: not available
   let timerSeq = 0
   const timerWaits = new Map() // id → fire
-  function workerTimer() {
-    if (timerWorker !== null) return timerWorker || null
+  function workerTimer(make = true) {
+    if (timerWorker !== null || !make) return timerWorker || null
     timerWorker = false
     try {
       if (typeof g.Worker !== 'function' || typeof g.Blob !== 'function' || !g.URL || typeof g.URL.createObjectURL !== 'function') return null
@@ -1314,7 +1319,7 @@ export function createAgent(opts) {
       try { g.URL.revokeObjectURL(w.url) } catch { /* gone */ }
     }
   }
-  function after(ms, fn) {
+  function after(ms, fn, make = true) {
     let done = false
     let id = 0
     const cancel = () => {
@@ -1328,7 +1333,7 @@ export function createAgent(opts) {
       fn()
     }
     const t = setTimeout(fire, ms)
-    const w = !isVisible() && !destroyed ? workerTimer() : null
+    const w = !isVisible() && !destroyed ? workerTimer(make) : null
     if (w) {
       id = ++timerSeq
       timerWaits.set(id, fire)
@@ -1740,7 +1745,7 @@ export function createAgent(opts) {
       clearTimeout(reconnectTimer)
       reconnectTimer = null
       fire({ type: 'reconnect-attempt', elapsedMs: Math.max(0, now() - reconnectSince) })
-    } else if (heartbeatTimer && !pongTimer && ws && ws.readyState === 1) beat()
+    } else if (heartbeatTimer && !pongTimer && ws && ws.readyState === 1) beat(true)
   }
   if (win) win.addEventListener('online', onOnline)
   const onVisibility = () => {

@@ -668,7 +668,7 @@ test('online: a tab waiting out its reconnect backoff tries at once when the net
   }
 })
 
-test('heartbeat: in a hidden page the pong is timed on the worker (the page\'s timers may run once a minute)', async () => {
+test('heartbeat: in a hidden page the pong of an urgent check is timed on the worker (the page\'s timers may run once a minute)', async () => {
   await withFakeWorker(async () => {
     const { handlers, target: window } = listenerTarget()
     const document = { visibilityState: 'hidden', addEventListener: () => {}, removeEventListener: () => {} }
@@ -676,8 +676,16 @@ test('heartbeat: in a hidden page the pong is timed on the worker (the page\'s t
     mock.timers.enable({ apis: ['setInterval', 'setTimeout'] })
     try {
       ws.frame({ t: 'hello-ack', lapVersion: 2, minClientVersion: 2, heartbeatMs: 15000 })
-      handlers.online() // the network is back: the open socket is checked
+      // The heartbeat's own pings make no worker: their pongs are timed on
+      // the page's timers.
+      mock.timers.tick(15000)
       assert.equal(ws.frames('ping').length, 1)
+      ws.frame({ t: 'pong', at: 1 })
+      mock.timers.tick(15000)
+      ws.frame({ t: 'pong', at: 2 })
+      assert.equal(FakeWorker.made.length, 0, 'no worker for the heartbeat alone')
+      handlers.online() // the network is back: the open socket is checked
+      assert.equal(ws.frames('ping').length, 3)
       assert.equal(FakeWorker.made.length, 1)
       assert.deepEqual(FakeWorker.made[0].posted.map((m) => m[1]), [5000])
       // The page's own timers do not move (a throttled hidden page); the
