@@ -2104,6 +2104,9 @@ function createPanel(agent, doc, win, uiOpts, view) {
     title.setAttribute('data-status', s)
     let t = s === 'error' && agent.error ? `${STATUS_TEXT.error} (${agent.error.code})` : STATUS_TEXT[s] || s
     if (collapsed && pend.length) t = `Approve? ${pend[0].summary || pend[0].intent}`
+    // Folded (a phone's bar) while the line waits to be pasted: say there is
+    // something to do in it (the page may have been reloaded since Connect).
+    else if (collapsed && s === 'pending-claude' && agent.connectLine) t = `${STATUS_TEXT[s]} · copy the line`
     title.textContent = t
     badge.hidden = pend.length === 0
     badgeNum.textContent = String(pend.length)

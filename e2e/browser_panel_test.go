@@ -293,9 +293,20 @@ func TestBrowserPhone(t *testing.T) {
 	tab.axe("phone, waiting for the AI")
 	tab.shot("connect-line-390")
 
-	// 3. The model fills the board to 6 tasks and asks to clear it. The
-	// collapsed sheet says so in one line with a badge, and hides nothing.
+	// 3. Folded while the line waits to be pasted, the bar says there is
+	// something to do in it, in one line.
 	tab.click(panelJS("toggle"))
+	if s := tab.evalString(panelJS("status") + `.textContent`); s != "Waiting for the AI · copy the line" {
+		t.Errorf("the folded bar waiting for the paste says %q", s)
+	}
+	var cut bool
+	tab.eval(`(() => { const e = `+panelJS("status")+`; return e.scrollWidth > e.clientWidth + 1 })()`, &cut)
+	if cut {
+		t.Error("the folded bar's text is cut at 390 px")
+	}
+
+	// 4. The model fills the board to 6 tasks and asks to clear it. The
+	// collapsed sheet says so in one line with a badge, and hides nothing.
 	mc, args := connectModel(t, tab, srv.URL)
 	for _, title := range []string{"Buy milk", "Call the plumber", "Book the dentist"} {
 		browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "addTask", "title": title}))
@@ -317,7 +328,7 @@ func TestBrowserPhone(t *testing.T) {
 	tab.eval(`window.scrollTo(0, 0)`, nil)
 	tab.shot("pending-approval-390")
 
-	// 4. Opened, the sheet takes at most half the screen; the card, with
+	// 5. Opened, the sheet takes at most half the screen; the card, with
 	// 44 px buttons, says what will happen; the page can still bring every
 	// task above the sheet.
 	tab.click(panelJS("toggle"))
