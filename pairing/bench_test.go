@@ -245,3 +245,58 @@ func memChildFrom(t *testing.T, r io.Reader) {
 		}
 	}
 }
+
+// BenchmarkClusterCall is BenchmarkCall made on a node that does not hold
+// the tab (two registries on an in-process NATS server, the call on the
+// peer link): the allocations per call are both nodes' together.
+//
+//	go test ./pairing -run XXX -bench ClusterCall -benchmem
+func BenchmarkClusterCall(b *testing.B) {
+	for _, callers := range []int{1, 16} {
+		b.Run(fmt.Sprintf("result=10KB/callers=%d", callers), func(b *testing.B) {
+			es := clusterEnvs(b, 2, viaPeer)
+			a, c := es[0], es[1]
+			tok, tid := a.mint("")
+			ws, _, err := a.dialRaw(tok, dialOpts{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ws.SetReadLimit(-1)
+			if err := ws.Write(context.Background(), websocket.MessageText, []byte(`{"t":"hello","appName":"b","schemaHash":"h"}`)); err != nil {
+				b.Fatal(err)
+			}
+			done := make(chan struct{})
+			go func() { defer close(done); answerLoop(ws, result(10<<10)) }()
+			b.Cleanup(func() { ws.CloseNow(); <-done })
+			recv(b, a.paired)
+			if paired, _, err := c.reg.Admit(context.Background(), tid); !paired || err != nil { // learns the owner's link
+				b.Fatalf("Admit: %v %v", paired, err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			per := (b.N + callers - 1) / callers
+			for range callers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ctx, cancel := context.WithCancel(context.Background()) // as an HTTP request's
+					defer cancel()
+					for range per {
+						res, err := c.reg.CallReply(ctx, tid, "get_state", nil, 0)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						res.Release()
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			if st := c.reg.Stats().Cluster; st.Direct < int64(b.N) {
+				b.Fatalf("%d calls went on the peer link, want all %d", st.Direct, b.N)
+			}
+		})
+	}
+}

@@ -707,7 +707,7 @@ func decodeReply(b []byte) ([]byte, error) {
 // ErrPaused when no node holds the tab.
 // When ctx owes tid's admit (DeferAdmit), the request carries it.
 func (c *cluster) request(ctx context.Context, tid, op string, data []byte) ([]byte, error) {
-	b, buf, err := c.requestLent(ctx, tid, op, data)
+	b, buf, err := c.requestLent(ctx, time.Time{}, tid, op, data)
 	if buf != nil {
 		b = append([]byte(nil), b...)
 		putReadBuf(buf)
@@ -718,12 +718,16 @@ func (c *cluster) request(ctx context.Context, tid, op string, data []byte) ([]b
 // requestLent is request whose payload may alias a pooled read buffer
 // (buf non-nil: release it with putReadBuf once done with the payload).
 // The request goes on the peer link when the owner's is known and
-// reachable, by NATS otherwise.
-func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) ([]byte, *bytes.Buffer, error) {
+// reachable, by NATS otherwise. A non-zero deadline ends the request
+// before ctx's own, if earlier (context.DeadlineExceeded): on the link
+// without a derived context and its timer, which a forwarded call paid
+// for on every call (NATS needs one, made only when it carries the
+// request).
+func (c *cluster) requestLent(ctx context.Context, deadline time.Time, tid, op string, data []byte) ([]byte, *bytes.Buffer, error) {
 	c.forwarded.Add(1)
 	admit := takeAdmit(ctx, tid)
 	if p := c.peerOf(tid); p != nil {
-		a, err := p.request(ctx, op, tid, admit, data)
+		a, err := p.request(ctx, deadline, op, tid, admit, data)
 		switch {
 		case err == nil:
 			if a.meta {
@@ -754,6 +758,11 @@ func (c *cluster) requestLent(ctx context.Context, tid, op string, data []byte) 
 			}
 			return nil, nil, err
 		}
+	}
+	if d, ok := ctx.Deadline(); !deadline.IsZero() && (!ok || deadline.Before(d)) {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
 	}
 	req := &nats.Msg{Subject: c.subject(tid, op), Data: data}
 	if admit {
@@ -1050,9 +1059,7 @@ func (c *cluster) call(ctx context.Context, tid, tool string, args any, timeout 
 		return callResult{err: err}
 	}
 	b := appendCallReq(nil, &callReq{Tool: tool, Args: a, TimeoutMs: timeout.Milliseconds(), WaitMs: waitMs(ctx), RID: audit.RequestID(ctx)})
-	rctx, cancel := context.WithTimeout(ctx, timeout+clusterMargin)
-	defer cancel()
-	res, buf, err := c.requestLent(rctx, tid, "call", b)
+	res, buf, err := c.requestLent(ctx, time.Now().Add(timeout+clusterMargin), tid, "call", b)
 	if err != nil {
 		var re *RPCError
 		var rl *RateLimitError
@@ -1106,11 +1113,16 @@ func (c *cluster) simple(tid, op string, data []byte) ([]byte, error) {
 }
 
 // replyMeta is what an owner adds to its answer to a request that carried
-// its admit: the hello generation and the tab's health (JSON).
+// its admit: the hello generation and the tab's health (JSON). health is
+// valid only while the answer is written (its buffer is reused after).
 type replyMeta struct {
 	gen    uint64
 	health []byte
 }
+
+// healthBufs holds the buffers replyMeta.health is encoded in (growing
+// one from nothing took four allocations per answer).
+var healthBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
 // handleNATS serves a request that came by NATS.
 func (c *cluster) handleNATS(m *nats.Msg) {
@@ -1194,7 +1206,13 @@ func (c *cluster) exec(op, tid string, admit bool, data []byte, ans func(b []byt
 			ans(b, err, nil, false)
 			return
 		}
-		ans(b, nil, &replyMeta{gen: r.helloGen(tid), health: r.Health(tid).AppendJSON(nil)}, false)
+		hb := healthBufs.Get().(*[]byte)
+		meta := &replyMeta{gen: r.helloGen(tid), health: r.Health(tid).AppendJSON((*hb)[:0])}
+		ans(b, nil, meta, false)
+		if cap(meta.health) <= 4<<10 {
+			*hb = meta.health[:0]
+			healthBufs.Put(hb)
+		}
 	}
 	if !r.holds(tid) && op != "unregister" {
 		ans(nil, ErrPaused, nil, true)

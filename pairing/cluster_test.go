@@ -48,7 +48,7 @@ func bothLinks(t *testing.T, test func(t *testing.T, link linkMode)) {
 // clusterEnvs starts n registries (nodes) on one in-process NATS server,
 // sharing a token bucket, each with its own connection; with a peer link,
 // each also listens for it on 127.0.0.1.
-func clusterEnvs(t *testing.T, n int, link linkMode) []*env {
+func clusterEnvs(t testing.TB, n int, link linkMode) []*env {
 	t.Helper()
 	ns := natstest.Start(t)
 	name := fmt.Sprintf("p%d", clusterN.Add(1))

@@ -619,9 +619,10 @@ func parseAnswer(b []byte) (a peerAnswer, ok bool) {
 
 // request sends one request and reads its answer. errNoLink and errMoved
 // mean nothing was done (send it by NATS); ErrLinkLost means it was sent
-// and not answered; ctx.Err() that ctx ended first. The caller releases the
-// answer's buf.
-func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []byte) (peerAnswer, error) {
+// and not answered; ctx.Err() that ctx ended first, and
+// context.DeadlineExceeded that deadline (when not zero and before ctx's)
+// passed first. The caller releases the answer's buf.
+func (p *peer) request(ctx context.Context, deadline time.Time, op, tid string, admit bool, body []byte) (peerAnswer, error) {
 	pc := p.take()
 	if pc == nil {
 		return peerAnswer{}, errNoLink
@@ -641,11 +642,14 @@ func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []b
 	// The owner answers by the caller's deadline itself (the request
 	// carries it), so the read waits peerLate beyond it: an answer that
 	// does not come by then means the node, or the way to it, is gone.
-	var deadline time.Time
-	if d, ok := ctx.Deadline(); ok {
-		deadline = d.Add(peerLate)
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
 	}
-	_ = pc.nc.SetReadDeadline(deadline)
+	var readBy time.Time
+	if !deadline.IsZero() {
+		readBy = deadline.Add(peerLate)
+	}
+	_ = pc.nc.SetReadDeadline(readBy)
 	_ = pc.nc.SetWriteDeadline(time.Now().Add(peerWrite))
 	stop := func() bool { return true }
 	if ctx.Done() != nil {
@@ -672,8 +676,9 @@ func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []b
 	stopped := stop()
 	if err != nil {
 		p.drop(pc) // what comes next on it, if anything, is this answer
+		expired := !deadline.IsZero() && !time.Now().Before(deadline)
 		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if errors.As(err, &ne) && ne.Timeout() && expired && !errors.Is(ctx.Err(), context.Canceled) {
 			// No answer peerLate after the deadline the owner keeps: the
 			// node is gone without a reset (a machine that lost power).
 			// Its other connections would wait as this one did: NATS
@@ -682,6 +687,9 @@ func (p *peer) request(ctx context.Context, op, tid string, admit bool, body []b
 		}
 		if ctx.Err() != nil {
 			return peerAnswer{}, ctx.Err()
+		}
+		if expired {
+			return peerAnswer{}, context.DeadlineExceeded
 		}
 		return peerAnswer{}, ErrLinkLost
 	}
@@ -887,6 +895,9 @@ func (l *peerLink) serveConn(raw net.Conn) {
 type peerReq struct {
 	nc     net.Conn
 	tls    bool // nc is TLS: one Write (a writev would be one record per buffer)
+	hdr    [4 + 2 + 8 + 2]byte
+	iov    [4][]byte   // the writev's buffers (kept here: a local array escaped, per answer)
+	bufs   net.Buffers // over iov
 	admit  bool
 	op     string
 	tid    string
@@ -901,14 +912,47 @@ func parseRequest(b []byte, pr *peerReq) bool {
 	if len(b) < ol+2 {
 		return false
 	}
-	pr.op, b = string(b[:ol]), b[ol:]
+	pr.op, b = peerOp(b[:ol]), b[ol:]
 	tl := int(binary.BigEndian.Uint16(b))
 	b = b[2:]
 	if len(b) < tl {
 		return false
 	}
-	pr.tid, pr.body = string(b[:tl]), b[tl:]
+	if string(b[:tl]) != pr.tid { // a connection mostly serves one tab's calls: keep its tid
+		pr.tid = string(b[:tl])
+	}
+	pr.body = b[tl:]
 	return true
+}
+
+// peerOp returns op as a string without allocating for the ops a node
+// sends.
+func peerOp(op []byte) string {
+	switch string(op) {
+	case "call":
+		return "call"
+	case "admit":
+		return "admit"
+	case "watch":
+		return "watch"
+	case "push":
+		return "push"
+	case "logpush":
+		return "logpush"
+	case "append":
+		return "append"
+	case "expect":
+		return "expect"
+	case "hello":
+		return "hello"
+	case "health":
+		return "health"
+	case "log":
+		return "log"
+	case "unregister":
+		return "unregister"
+	}
+	return string(op)
 }
 
 // leads holds the first byte of a reply body ('0' ok, '1' error), written
@@ -922,8 +966,7 @@ func (pr *peerReq) answer(lead byte, body []byte, moved bool, meta *replyMeta) {
 
 // write writes a reply (one writev).
 func (pr *peerReq) write(lead byte, body []byte, moved bool, meta *replyMeta) {
-	var hb [4 + 2 + 8 + 2]byte
-	h := hb[:4]
+	h := pr.hdr[:4]
 	kind := byte(0)
 	if moved {
 		kind = 1
@@ -961,10 +1004,12 @@ func (pr *peerReq) write(lead byte, body []byte, moved bool, meta *replyMeta) {
 		putFrameBuf(fb)
 		return
 	}
-	bufs := net.Buffers{h, health, l, body}
-	if _, err := bufs.WriteTo(pr.nc); err != nil {
+	pr.iov = [4][]byte{h, health, l, body}
+	pr.bufs = pr.iov[:]
+	if _, err := pr.bufs.WriteTo(pr.nc); err != nil {
 		pr.failed = true
 	}
+	pr.iov, pr.bufs = [4][]byte{}, nil // (body aliases a buffer reused after)
 }
 
 // peerTLSOn decides whether the listener speaks TLS: mode "on", "off", or
