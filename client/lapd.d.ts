@@ -147,6 +147,8 @@ export interface AgentEvents {
   status: (status: Status, info: { error: AgentError | null; message: string | null }) => void
   confirm: (pending: ConfirmEntry[], changed?: ConfirmEntry & { reason?: string }) => void
   log: (entry: LogEntry) => void
+  /** A model is using the session: its first call, or a re-pair of a session a model has used
+   * (not a re-pair before any model call: the human still has to paste the line). */
   active: () => void
   revoked: () => void
   error: (err: Error & { code?: string }) => void
