@@ -128,6 +128,7 @@ type cluster struct {
 	reasserts                                 atomic.Int64 // takeovers re-published after a reconnect
 	staleTakeovers                            atomic.Int64 // takeovers refused: the socket here was newer
 
+	testTakeover     atomic.Pointer[func(tid string)] // tests: called when a takeover from another node has been handled
 	testNoResponders func() // tests: called when a look by NATS found no node, before the next
 }
 
@@ -397,6 +398,9 @@ func (c *cluster) onTakeover(m *nats.Msg) {
 	node, tid, ok := strings.Cut(string(m.Data), " ")
 	if !ok || node == c.node {
 		return
+	}
+	if h := c.testTakeover.Load(); h != nil {
+		defer (*h)(tid)
 	}
 	rev, _ := strconv.ParseUint(m.Header.Get(hdrRev), 10, 64) // 0: unknown
 	c.mu.Lock()

@@ -74,6 +74,28 @@ func clusterEnvs(t testing.TB, n int, link linkMode) []*env {
 	return out
 }
 
+// pairHeard pairs tok's tab on owner and returns once every node in others
+// has handled owner's takeover for it. (A takeover handled after another
+// node's first admit reply makes that node forget what the reply told it,
+// when it has no link to owner: its next request admits again.)
+func pairHeard(t *testing.T, owner *env, tok, tid string, others ...*env) *tab {
+	t.Helper()
+	heard := make(chan string, 16)
+	f := func(tid string) { heard <- tid }
+	for _, e := range others {
+		e.reg.cl.testTakeover.Store(&f)
+	}
+	tb := owner.pair(tok)
+	for range others {
+		for recv(t, heard) != tid {
+		}
+	}
+	for _, e := range others {
+		e.reg.cl.testTakeover.Store(nil)
+	}
+	return tb
+}
+
 // answer makes tb answer the next rpc frame with result (or never, when
 // result is "").
 func (tb *tab) answerNext(result string) string {
@@ -287,7 +309,7 @@ func testClusterPushLog(t *testing.T, link linkMode) {
 	echoes := recordEchoes(a)
 	asked, refuse := countAdmits(a, 900)
 	tok, tid := a.mint("u")
-	tb := a.pair(tok)
+	tb := pairHeard(t, a, tok, tid, b)
 	if paired, _, err := b.reg.Admit(ctxT(t), tid); !paired || err != nil {
 		t.Fatalf("Admit via B = %v %v", paired, err)
 	}
@@ -454,7 +476,7 @@ func testClusterDeferredAdmit(t *testing.T, link linkMode) {
 	a, b := es[0], es[1]
 	asked, refuse := countAdmits(a, 1500)
 	tok, tid := a.mint("u")
-	tb := a.pair(tok)
+	tb := pairHeard(t, a, tok, tid, b)
 
 	if _, ok := b.reg.DeferAdmit(ctxT(t), tid); ok {
 		t.Fatal("DeferAdmit trusted a tab B never heard about")
@@ -554,7 +576,7 @@ func testClusterRepliesReuseBuffers(t *testing.T, link linkMode) {
 	es := clusterEnvs(t, 2, link)
 	a, b := es[0], es[1]
 	tok, tid := a.mint("u")
-	tb := a.pair(tok)
+	tb := pairHeard(t, a, tok, tid, b)
 	if paired, _, err := b.reg.Admit(ctxT(t), tid); !paired || err != nil {
 		t.Fatalf("Admit via B = %v %v", paired, err)
 	}
