@@ -129,7 +129,7 @@ type cluster struct {
 	staleTakeovers                            atomic.Int64 // takeovers refused: the socket here was newer
 
 	testTakeover     atomic.Pointer[func(tid string)] // tests: called when a takeover from another node has been handled
-	testNoResponders func() // tests: called when a look by NATS found no node, before the next
+	testNoResponders func()                           // tests: called when a look by NATS found no node, before the next
 }
 
 type remoteTab struct {
