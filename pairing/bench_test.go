@@ -51,24 +51,32 @@ func result(n int) []byte {
 	return []byte(`{"state":{"blob":"` + strings.Repeat("x", n-24) + `"}}`)
 }
 
+// answeringTab pairs a tab on e that answers every rpc with a result of
+// about size bytes, and returns its tid.
+func answeringTab(b *testing.B, e *env, size int) string {
+	b.Helper()
+	tok, tid := e.mint("")
+	ws, _, err := e.dialRaw(tok, dialOpts{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ws.SetReadLimit(-1)
+	if err := ws.Write(context.Background(), websocket.MessageText, []byte(`{"t":"hello","appName":"b","schemaHash":"h"}`)); err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); answerLoop(ws, result(size)) }()
+	b.Cleanup(func() { ws.CloseNow(); <-done })
+	recv(b, e.paired)
+	return tid
+}
+
 func BenchmarkCall(b *testing.B) {
 	for _, size := range []int{1 << 10, 20 << 10} {
 		for _, callers := range []int{1, 16} {
 			b.Run(fmt.Sprintf("result=%dKB/callers=%d", size>>10, callers), func(b *testing.B) {
 				e := newEnv(b, nil)
-				tok, tid := e.mint("")
-				ws, _, err := e.dialRaw(tok, dialOpts{})
-				if err != nil {
-					b.Fatal(err)
-				}
-				ws.SetReadLimit(-1)
-				if err := ws.Write(context.Background(), websocket.MessageText, []byte(`{"t":"hello","appName":"b","schemaHash":"h"}`)); err != nil {
-					b.Fatal(err)
-				}
-				done := make(chan struct{})
-				go func() { defer close(done); answerLoop(ws, result(size)) }()
-				b.Cleanup(func() { ws.CloseNow(); <-done })
-				recv(b, e.paired)
+				tid := answeringTab(b, e, size)
 
 				b.SetBytes(int64(size))
 				b.ReportAllocs()
@@ -256,19 +264,7 @@ func BenchmarkClusterCall(b *testing.B) {
 		b.Run(fmt.Sprintf("result=10KB/callers=%d", callers), func(b *testing.B) {
 			es := clusterEnvs(b, 2, viaPeer)
 			a, c := es[0], es[1]
-			tok, tid := a.mint("")
-			ws, _, err := a.dialRaw(tok, dialOpts{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			ws.SetReadLimit(-1)
-			if err := ws.Write(context.Background(), websocket.MessageText, []byte(`{"t":"hello","appName":"b","schemaHash":"h"}`)); err != nil {
-				b.Fatal(err)
-			}
-			done := make(chan struct{})
-			go func() { defer close(done); answerLoop(ws, result(10<<10)) }()
-			b.Cleanup(func() { ws.CloseNow(); <-done })
-			recv(b, a.paired)
+			tid := answeringTab(b, a, 10<<10)
 			if paired, _, err := c.reg.Admit(context.Background(), tid); !paired || err != nil { // learns the owner's link
 				b.Fatalf("Admit: %v %v", paired, err)
 			}
