@@ -4,10 +4,14 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -135,4 +139,56 @@ func between(s, from, to string) string {
 	_, after, _ := strings.Cut(s, from)
 	v, _, _ := strings.Cut(after, to)
 	return v
+}
+
+// A data directory that was there before, open to other users, is kept as
+// it is and named in a warning at start; one lapd creates is 0700.
+func TestDataDirModeWarning(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		pre  bool
+		warn bool
+	}{{"existing 0755", true, true}, {"created", false, false}} {
+		dir := filepath.Join(t.TempDir(), "data")
+		if tc.pre {
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			_ = os.Chmod(dir, 0o755) // whatever the umask
+		}
+		var buf lockedBuffer
+		a, err := lapd.New(ctxT(t), lapd.Config{DataDir: dir, Store: "sqlite", Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = a.Shutdown(ctxT(t))
+		if got := strings.Contains(buf.String(), "open to other users"); got != tc.warn {
+			t.Errorf("%s: warned %v, want %v: %s", tc.name, got, tc.warn, buf.String())
+		}
+		fi, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]os.FileMode{true: 0o755, false: 0o700}[tc.pre]; fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %04o, want %04o", tc.name, fi.Mode().Perm(), want)
+		}
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
