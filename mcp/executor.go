@@ -738,6 +738,8 @@ func (e *Executor) forward(ctx context.Context, d toolDef, a args, b Binding, p 
 		if !a.verbose() {
 			if lw := leanWait(raw, a.str("path")); lw != nil {
 				raw = lw
+			} else if wd := e.waitDiff(b, raw); wd != nil {
+				raw = wd
 			} else if c := compactObject(raw); c != nil {
 				raw = c
 			}

@@ -331,7 +331,9 @@ func TestHTTPResultSpliced(t *testing.T) {
 	progressed := make(chan struct{}, 1)
 	hh.lap.on("/wait", func(int, fakeCall) (any, error) {
 		<-progressed
-		return json.RawMessage(`{"status":"changed","stateAfter":` + state + `}`), nil
+		// A state unlike the one observed, so that the patch from the
+		// model's view is longer than the state: the answer is stateAfter.
+		return json.RawMessage(`{"status":"changed","stateAfter":{"w":` + state + `}}`), nil
 	})
 	for _, legacy := range []bool{false, true} {
 		c := hh.client(legacy)
@@ -360,11 +362,11 @@ func TestHTTPResultSpliced(t *testing.T) {
 				t.Fatalf("legacy=%v: text %q, structuredContent %s", legacy, tc.Text, res.RawStructuredContent)
 			}
 			var got map[string]any
-			key := "state"
+			key, want := "state", compactState(state)
 			if tool == "wait_for_change" {
-				key = "stateAfter"
+				key, want = "stateAfter", compactState(`{"w":`+state+`}`)
 			}
-			if json.Unmarshal(res.RawStructuredContent, &got) != nil || mcpJSON(got[key]) != compactState(state) {
+			if json.Unmarshal(res.RawStructuredContent, &got) != nil || mcpJSON(got[key]) != want {
 				t.Fatalf("legacy=%v: structuredContent %s", legacy, res.RawStructuredContent)
 			}
 		}

@@ -319,10 +319,10 @@ func catalogue(mode Mode) []toolDef {
 			title: "Wait for a change",
 			core:  true,
 			desc: "Wait up to timeoutMs until the state changes (at path, or anywhere) because the user or the network changed it; use it when you asked the user to do something. " +
-				"Returns {status:\"changed\", value} (the part at path; stateAfter, the whole state, without path) or {status:\"timeout\"}.",
+				"Returns {status:\"changed\", value} (the part at path; without path, stateDiff: what changed since you last saw the state, or stateAfter, the whole state) or {status:\"timeout\"}.",
 			readOnly: true, idempotent: true,
 			props:  []prop{{name: "path", schema: strMax("JSON Pointer to watch (omit for all).", 1024)}, {name: "timeoutMs", schema: integer("Wait this long (default 10000).", 0, MaxTimeoutMs)}},
-			out:    []prop{out("status", "string", "changed | timeout."), out("value", "", "With path: the value there after the change (found:false: none)."), out("stateAfter", "", "Without path: the whole state.")},
+			out:    []prop{out("status", "string", "changed | timeout."), out("value", "", "With path: the value there after the change (found:false: none)."), out("stateDiff", "array", "Without path: JSON Patch from the state your results last showed you (as send_message's), when shorter than the state."), out("stateAfter", "", "Without path: the whole state, when lapd cannot tell what you saw or it is shorter.")},
 			route:  "/wait",
 			budget: budgetWait,
 		},
