@@ -20,8 +20,10 @@
 // Check gives reason "invalid" for a msg that is not an object with a string
 // discriminant or names an unknown variant (the detail lists known ones),
 // "human-only" for an action only the human may take, and "schema-error" with
-// JSON Pointer paths for a payload that fails its schema. A nil *Policy allows
-// every msg: the tab then enforces, as in the reference.
+// JSON Pointer paths for a payload that fails its schema, is too costly to
+// check, or holds a number beyond MaxNumberLen or MaxNumberExponent (a policy
+// with one is refused at Parse). A nil *Policy allows every msg: the tab then
+// enforces, as in the reference.
 //
 // PayloadHint returns a skeleton payload built from a variant's required
 // properties, with type-appropriate placeholders and never null (agents copy
