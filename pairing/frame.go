@@ -346,7 +346,12 @@ func (c *conn) handle(buf *bytes.Buffer) (kept bool) {
 // socket, calls OnPaired (before hello-ack is written).
 func (c *conn) hello(f inFrame) {
 	r, s := c.r, c.s
+	ack := `{"t":"hello-ack","lapVersion":` + strconv.Itoa(LapVersion) + `,"minClientVersion":` + strconv.Itoa(MinClientVersion) +
+		`,"heartbeatMs":` + strconv.FormatInt(r.cfg.PingInterval.Milliseconds(), 10) + `}`
 	if f.LapVersion != nil && *f.LapVersion < MinClientVersion {
+		// As the reference: the hello is answered (hello-ack names the
+		// minimum client version), then the pairing ends.
+		_ = c.enqueue([]byte(ack))
 		r.drop(s.tid, CloseVersionSkew, "lap version too old", "version-skew")
 		return
 	}
@@ -385,8 +390,6 @@ func (c *conn) hello(f inFrame) {
 		c.close(CloseOverloaded, "lapd is over its memory budget; retry later")
 		return
 	}
-	ack := `{"t":"hello-ack","lapVersion":` + strconv.Itoa(LapVersion) + `,"minClientVersion":` + strconv.Itoa(MinClientVersion) +
-		`,"heartbeatMs":` + strconv.FormatInt(r.cfg.PingInterval.Milliseconds(), 10) + `}`
 	// hello-ack is written once OnPaired has returned: a tab that has it
 	// is counted as paired everywhere (e.g. /healthz), and what OnPaired
 	// pushes follows it.
