@@ -87,7 +87,8 @@ import (
 var ErrUnknown = errors.New("confirm: unknown confirmId")
 
 // ErrTooManyPending is returned by Propose when the tid already has
-// MaxPendingPerTID approvals pending.
+// MaxPendingPerTID approvals pending or Config.PendingBytesPerTID bytes of
+// them, or when the total is full and the tid would hold the most.
 var ErrTooManyPending = errors.New("confirm: too many pending approvals for this session")
 
 // ReasonTooManyPending is the rejection reason kept for a proposal Propose
@@ -444,14 +445,19 @@ func keptSize(id string, r Resolution) int {
 // recorded), Propose does nothing and returns nil: Wait returns that answer.
 // Proposing an approval that is already pending with the same variant and
 // payload does nothing (a retried /message whose tab answered with the same
-// confirmId). It returns ErrDuplicate if the id is pending for another
-// variant or payload, ErrTooManyPending past MaxPendingPerTID or the
-// pending byte budgets (and then keeps the id answered rejected with reason
-// too-many-pending, so proposing it again returns nil and Wait that answer),
-// and the Store's error if persisting fails. Then nothing is recorded (an
-// answer parked for the id stays parked for a retry) and the caller should
-// take the approval back from the tab; storeerr.Unavailable tells a store
-// that did not answer (retry in a few seconds) from one that refused.
+// confirmId). If it would take the total over PendingBytes, Propose first
+// expires the oldest approvals of the tid holding the most (see the package
+// doc; OnExpire is called for them before Propose returns).
+//
+// It returns ErrDuplicate if the id is pending for another variant or
+// payload; ErrTooManyPending past MaxPendingPerTID or PendingBytesPerTID, or
+// past PendingBytes when this tid would hold the most (and then keeps the id
+// answered rejected with reason too-many-pending, so proposing it again
+// returns nil and Wait that answer); and the Store's error if persisting
+// fails. Then nothing is recorded (an answer parked for the id stays parked
+// for a retry; nothing was expired to make room) and the caller should take
+// the approval back from the tab; storeerr.Unavailable tells a store that
+// did not answer (retry in a few seconds) from one that refused.
 func (m *Manager) Propose(ctx context.Context, p Pending) error {
 	expired, hook, err := m.propose(ctx, p)
 	for _, x := range expired {
