@@ -3,6 +3,7 @@ package lap
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -279,6 +280,26 @@ func TestIdempotencyEvictsFinishedNotHeaviestInFlight(t *testing.T) {
 	for range 3 {
 		if e := <-done; e != nil {
 			t.Error(e)
+		}
+	}
+}
+
+// BenchmarkIdempotencyFullTable: a keyed call from a fresh session while
+// the table is full (50 sessions × 1,000 finished keys), each making room by
+// evicting the heaviest session's oldest key.
+//
+//	go test -run XXX -bench IdempotencyFullTable -benchtime 20000x ./lap
+func BenchmarkIdempotencyFullTable(b *testing.B) {
+	im := newIdempotency(time.Minute, 1000, 1<<30, 1<<30, time.Now)
+	ctx := context.Background()
+	ok := func() (any, *apiError) { return json.RawMessage(`1`), nil }
+	for i := range MaxIdempotencyEntries {
+		im.do(ctx, fmt.Sprint("a", i/1000), fmt.Sprint("k", i), ok)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		if _, e := im.do(ctx, fmt.Sprint("h", i%100), fmt.Sprint("n", i), ok); e != nil {
+			b.Fatal(e)
 		}
 	}
 }
