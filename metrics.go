@@ -351,7 +351,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		{"idempotency", int64(ls.IdemBytes), int64(b.idempotency), ls.IdemShed},
 		{"policies", int64(ls.PolicyBytes), int64(b.policies), ls.PoliciesEvicted},
 		{"approval-outcomes", int64(cs.KeptBytes), int64(b.outcomes), cs.Shed},
-		{"approval-payloads", int64(cs.PendingBytes), int64(b.payloads), 0},
+		{"approval-payloads", int64(cs.PendingBytes), int64(b.payloads), cs.PendingShed},
 	} {
 		gauge("lapd_kept_bytes", float64(k.bytes), k.part)
 		gauge("lapd_kept_budget_bytes", float64(k.budget), k.part)

@@ -72,12 +72,18 @@ func (s *Server) onLogAppend(tid string, entry json.RawMessage, echo bool) {
 }
 
 // OnConfirmExpire is confirm.Config.OnExpire: it tells the tab (confirm-expire
-// with reason "timeout") and audits confirm-expired. The composition root
-// passes it to confirm.New before the Server exists, e.g. through a closure.
+// with the reason: "timeout", or "too-many-pending" for an approval expired
+// to make room for another session's) and audits confirm-expired. The
+// composition root passes it to confirm.New before the Server exists, e.g.
+// through a closure, or sets it with confirm.Manager.SetOnExpire.
 func (s *Server) OnConfirmExpire(p confirm.Pending) {
-	_ = s.cfg.Registry.Push(p.TID, map[string]any{"t": "confirm-expire", "confirmId": p.ConfirmID, "reason": "timeout"})
+	reason := confirm.ReasonTimeout
+	if p.Outcome != nil && p.Outcome.Reason != "" {
+		reason = p.Outcome.Reason
+	}
+	_ = s.cfg.Registry.Push(p.TID, map[string]any{"t": "confirm-expire", "confirmId": p.ConfirmID, "reason": reason})
 	s.cfg.Audit.Record(context.Background(), audit.Entry{TID: p.TID, Event: audit.EventConfirmExpired,
-		Detail: map[string]any{"confirmId": p.ConfirmID, "variant": p.Variant}})
+		Detail: map[string]any{"confirmId": p.ConfirmID, "variant": p.Variant, "reason": reason}})
 }
 
 // PairedTabs is how many tids have a live socket (for /healthz).
