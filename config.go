@@ -101,6 +101,17 @@ type Config struct {
 	// BodyReadTimeout bounds how long a request body may take to arrive
 	// (default 10s); Shutdown cuts bodies still arriving at once.
 	BodyReadTimeout time.Duration
+	// MaxConnsPerClient caps the HTTP connections one client keeps open
+	// (clientip's key: its IPv4 address, all of IPv4 loopback as one, or an
+	// IPv6 /64), MaxConns those of all clients; over a cap a new connection
+	// is answered 503 too-many-connections and closed. A WebSocket stops
+	// counting once upgraded. Enforced by Server.ConnState, which the
+	// http.Server serving Handler must use (lapd serve does). Defaults:
+	// DefaultMaxConnsPerClient (none when TrustProxy > 0: connections then
+	// come from the proxy, which must cap its clients), and three quarters of
+	// the process's open-file limit in all; < 0 = no cap.
+	MaxConnsPerClient int
+	MaxConns          int
 
 	// Rates (see lap.Config): per token, and per identity or client IP.
 	LAPRate   rate.Limit // default 30/min

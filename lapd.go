@@ -44,6 +44,7 @@ type Server struct {
 	lap      *lap.Server
 	mcp      *mcp.HTTPHandler // nil with DisableMCP
 	perim    *perimeter
+	conns    *connLimits
 	handler  http.Handler
 
 	version      string
@@ -216,6 +217,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		s.metrics.addTools(s.mcp.Executor().Tools())
 	}
 	s.perim = newPerimeter(s.routes(), s.servedHosts(), cfg.BodyReadTimeout, s.audit)
+	s.conns = newConnLimits(cfg)
+	s.conns.logWarn = s.log.Warn
+	s.conns.auditLimit = func(key string, e audit.Entry) { s.audit.RecordLimited(context.Background(), key, e) }
 	s.handler = s.perim
 	if err := s.buildAdmin(); err != nil {
 		return nil, err

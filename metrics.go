@@ -407,7 +407,7 @@ var refusalCodes = []string{"auth-failed", "auth-required", "revoked", "paused",
 	"invalid", "schema-error", "timeout", "internal", "method-not-allowed", "payload-too-large",
 	"not-found", "shutting-down", "forbidden-origin", "forbidden", "forbidden-host", "capacity",
 	"conflict", "outcome-unknown", "busy", "request-timeout", "session-capacity", "too-many-pending",
-	"bad-token", "not-loopback", "unavailable", other}
+	"bad-token", "not-loopback", "unavailable", "too-many-connections", other}
 
 var surfaces = []string{"lap", "meta", "ws", "mcp", "admin", other}
 

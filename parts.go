@@ -65,6 +65,7 @@ func (s *Server) openStores(ctx context.Context, cfg Config) (tokens.Store, conf
 			if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 				return nil, nil, fmt.Errorf("lapd: data dir: %w", err)
 			}
+			s.checkDataDir(cfg.DataDir)
 			db, err := sqlitedb.Open(filepath.Join(cfg.DataDir, "lapd.db"))
 			if err != nil {
 				return nil, nil, fmt.Errorf("lapd: %w", err)
@@ -78,6 +79,7 @@ func (s *Server) openStores(ctx context.Context, cfg Config) (tokens.Store, conf
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return nil, nil, fmt.Errorf("lapd: data dir: %w", err)
 		}
+		s.checkDataDir(cfg.DataDir)
 		db, err := sqlitedb.Open(filepath.Join(cfg.DataDir, "lapd.db"))
 		if err != nil {
 			return nil, nil, fmt.Errorf("lapd: %w", err)
@@ -300,4 +302,15 @@ func peerListen(cluster bool, v string) string {
 		return "127.0.0.1:0"
 	}
 	return v
+}
+
+// checkDataDir warns when the data directory (which lapd creates 0700) was
+// there before and others may list or enter it. lapd's files in it are 0600
+// whatever the directory's mode; an existing directory is not changed (it
+// may be one the user shares on purpose), but its mode is worth knowing.
+func (s *Server) checkDataDir(dir string) {
+	if fi, err := os.Stat(dir); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		s.log.Warn("lapd: the data directory is open to other users of this machine (lapd's files in it are 0600); chmod 700 it to keep even their names private",
+			"dir", dir, "mode", fmt.Sprintf("%04o", fi.Mode().Perm()))
+	}
 }

@@ -168,8 +168,59 @@ func writeDetails(o *objw, oc outcome) {
 		}
 	}
 	if d := get(oc.ms, "drain"); drainWorthShowing(d) {
-		o.raw("drain", d)
+		o.raw("drain", leanDrain(d))
 	}
+}
+
+// leanDrain keeps what a model can act on in a drain report: whether the
+// effects timed out, and each error's kind and message. The JS stack
+// (up to 1 KB of the app's script URLs per error) and the counters go.
+func leanDrain(d []byte) []byte {
+	ms, ok := members(d)
+	if !ok {
+		return d
+	}
+	o := newObj(make([]byte, 0, 128))
+	if isTrue(get(ms, "timedOut")) {
+		o.bool("timedOut", true)
+	}
+	if errs, ok := elements(get(ms, "errors")); ok && len(errs) > 0 {
+		o.key("errors")
+		o.b = append(o.b, '[')
+		for i, e := range errs {
+			if i > 0 {
+				o.b = append(o.b, ',')
+			}
+			em, ok := members(e)
+			if !ok {
+				o.b = append(o.b, e...)
+				continue
+			}
+			eo := newObj(o.b)
+			for _, m := range em {
+				if m.key != "stack" {
+					eo.raw(m.key, m.val)
+				}
+			}
+			o.b = eo.close()
+		}
+		o.b = append(o.b, ']')
+	}
+	return o.close()
+}
+
+// drainNext is the hint for a dispatch whose drain went wrong, "" if not.
+func drainNext(oc outcome) string {
+	ms, ok := members(get(oc.ms, "drain"))
+	switch {
+	case !ok:
+		return ""
+	case !isEmpty(get(ms, "errors")):
+		return "The app reported an error while running it (drain.errors): the state changed only as stateDiff shows. Check msg against the state (ids, values) and fix it, or tell the user what failed."
+	case isTrue(get(ms, "timedOut")):
+		return "The app's effects had not settled when the wait ended (drain.timedOut): call wait_for_change or observe before relying on the state."
+	}
+	return ""
 }
 
 // drainWorthShowing: only effects that failed or did not settle in time.
@@ -258,6 +309,11 @@ func dispatchNext(outs []outcome, batch bool, n int, approval time.Duration, aft
 	var next string
 	switch last.status {
 	case "dispatched":
+		for _, oc := range outs {
+			if next = drainNext(oc); next != "" {
+				break
+			}
+		}
 	case "confirmed":
 		next = "The user approved it and it ran; stateAfter is the current state."
 	case "pending-confirmation":

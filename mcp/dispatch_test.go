@@ -281,3 +281,29 @@ func TestRenderCacheFollowsMessages(t *testing.T) {
 		}
 	}
 }
+
+// A handler that threw: the result keeps the error's message (not its JS
+// stack) and says what to do.
+func TestDrainErrorsLean(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	h.lap.on("/observe", observeWith(twoActions))
+	h.connect(tokA)
+	stack := "Error: no task with id 999\n    at toggle (http://127.0.0.1:8787/demo/app.js:120:11)\n    at dispatch (http://127.0.0.1:8787/agent/client.js:1550:19)"
+	h.lap.on("/message", func(int, fakeCall) (any, error) {
+		body, _ := json.Marshal(map[string]any{"status": "dispatched", "stateDiff": []any{}, "actions": json.RawMessage(twoActions),
+			"drain": map[string]any{"effectsObserved": 0, "durationMs": 1, "timedOut": false,
+				"errors": []any{map[string]any{"kind": "error", "message": "no task with id 999", "stack": stack}}}})
+		return json.RawMessage(body), nil
+	})
+	out := h.call("send_message", map[string]any{"msg": map[string]any{"type": "addTodo"}})
+	if out.IsError || out.SC["status"] != "dispatched" {
+		t.Fatalf("send_message: %s", out.Text)
+	}
+	if strings.Contains(out.Text, "app.js") || !strings.Contains(out.Text, `"message":"no task with id 999"`) {
+		t.Fatalf("want the error's message without its stack: %s", out.Text)
+	}
+	if !strings.Contains(mcpStr(out.SC["next"]), "drain.errors") {
+		t.Fatalf("want a next that names the error: %s", out.Text)
+	}
+}

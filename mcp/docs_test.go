@@ -139,7 +139,7 @@ const leanDoc = "Every byte a tool returns is read by the model on every later t
 	"an unavailable action has `unavailable: \"<reason>\"`; `payload` is a TypeScript-like signature built from the app's message schemas " +
 	"(`{title: string /* Short task title */, column?: 'todo'|'doing'|'done'}`) in place of `payloadHint` and `fieldHints`. " +
 	"Observations keep `docs` (and `stateSchema` when the app declares one), not the LAP description's conventions or message schemas; `health` appears only when the tab is disconnected or hidden. " +
-	"A dispatch result omits `drain` unless effects failed or timed out, and the idempotency key unless the call failed. " +
+	"A dispatch result omits `drain` unless effects failed or timed out (then each error keeps its `kind` and `message`, not the JS stack, and `next` says what to do), and the idempotency key unless the call failed. " +
 	"Nothing is hidden from a model that asks: `observe` always returns the whole picture, and `verbose: true` returns the LAP body as it came.\n\n" +
 	"Results are JSON objects: `structuredContent` and the text content are the same compact bytes (no indentation, no nulls where lapd adds them), encoded once. " +
 	"A refusal by the app, its policy or the user (`rejected` with `reason` human-only, invalid, schema-error, user-cancelled, …; `pending-confirmation`) is a result with `isError: false`, " +

@@ -31,6 +31,8 @@ type toolError struct {
 	RetryAfter time.Duration
 	Reconnect  string
 	Extra      map[string]any // merged into structuredContent (e.g. the LAP body of a rejected dispatch)
+
+	detailInHint bool // Hint already says Detail: the text does not repeat it
 }
 
 func (e *toolError) Error() string { return e.Code + ": " + e.Hint }
@@ -39,7 +41,7 @@ func (e *toolError) Error() string { return e.Code + ": " + e.Hint }
 // plus structuredContent {error:{code, detail?, retryAfterMs?, reconnect?}, …Extra}.
 func (e *toolError) result() *mcpgo.CallToolResult {
 	text := e.Code + ": " + e.Hint
-	if e.Detail != "" {
+	if e.Detail != "" && !e.detailInHint {
 		text += " (" + e.Detail + ")"
 	}
 	eb := map[string]any{"code": e.Code}
@@ -110,8 +112,15 @@ func fromLAP(err error, base string) *toolError {
 		e.Hint = unavailableHint(le.RetryAfter)
 	case "timeout":
 		e.Hint = "the app did not answer in time; call observe to see the current state before trying again."
-	case "schema-error", "invalid":
+	case "schema-error":
 		e.Hint = "the request was rejected as invalid; fix the arguments (call observe for the valid actions and their payloads)."
+	case "invalid":
+		// LAP's detail names what is wrong (and, for an unknown confirmId,
+		// what to do): it is the sentence, in the text once.
+		e.Hint = "the request was rejected as invalid; fix the arguments."
+		if le.Detail != "" {
+			e.Hint, e.detailInHint = "the request was rejected: "+strings.TrimSuffix(le.Detail, ".")+".", true
+		}
 	case lap.CodeOutcomeUnknown:
 		e.Hint = "an earlier call with this idempotencyKey reached the app, but its outcome is unknown; call observe to see whether it took effect before sending it again (with a new idempotencyKey)."
 	case lap.CodeConflict:

@@ -573,3 +573,23 @@ func TestPausedLongRetryAfterPolls(t *testing.T) {
 		t.Fatalf("waits %v, want two of %v", w, pausedPoll)
 	}
 }
+
+// An invalid request's LAP detail is the sentence the model reads, once,
+// without advice about actions and payloads that does not apply to it.
+func TestInvalidSaysWhatIsWrong(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	h.connect(tokA)
+	detail := "unknown confirmId c9 for this session (it was never proposed here): call observe to see the current state"
+	h.lap.on("/confirm-result", func(int, fakeCall) (any, error) {
+		return nil, &lap.Error{Status: 400, Code: "invalid", Detail: detail}
+	})
+	out := h.call("get_confirm_result", map[string]any{"confirmId": "c9"})
+	wantError(t, out, "invalid", detail)
+	if strings.Count(out.Text, "unknown confirmId") != 1 || strings.Contains(out.Text, "payloads") {
+		t.Fatalf("text %q: want the detail once and no advice about payloads", out.Text)
+	}
+	if e, _ := out.SC["error"].(map[string]any); e["detail"] != detail {
+		t.Fatalf("structured detail %v", e["detail"])
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
@@ -186,6 +187,33 @@ func TestHTTPDeleteThen404(t *testing.T) {
 	}
 	if r := hh.raw(http.MethodGet, "", "", nil); r.StatusCode != http.StatusBadRequest {
 		t.Fatalf("GET without session: %d", r.StatusCode)
+	}
+	if r := hh.raw(http.MethodDelete, "", "", nil); r.StatusCode != http.StatusBadRequest {
+		t.Fatalf("DELETE without session: %d", r.StatusCode)
+	}
+	// Every method answers a gone or unknown id 404 in JSON (a GET used to
+	// open a stream for it, a DELETE said 200, a POST answered text/plain).
+	for _, tc := range []struct{ method, id string }{
+		{http.MethodGet, id}, {http.MethodDelete, id}, {http.MethodPost, id},
+		{http.MethodGet, "mcp-session-nope"}, {http.MethodDelete, "mcp-session-nope"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, tc.method, hh.srv.URL, strings.NewReader(listBody))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("MCP-Protocol-Version", mcpgo.ProtocolVersion20251125)
+		req.Header.Set("Mcp-Session-Id", tc.id)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			cancel()
+			t.Fatalf("%s %s: %v", tc.method, tc.id, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cancel()
+		if resp.StatusCode != http.StatusNotFound || resp.Header.Get("Content-Type") != "application/json" || !strings.Contains(string(b), `"session not found"`) {
+			t.Fatalf("%s with session %s: %d %s %s, want 404 JSON session not found", tc.method, tc.id, resp.StatusCode, resp.Header.Get("Content-Type"), b)
+		}
 	}
 }
 

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/clientip"
 	"github.com/lapd-dev/lapd/internal/hostguard"
 )
 
@@ -749,7 +750,7 @@ func (l *peerLink) accept() {
 			continue
 		}
 		ip, _, _ := net.SplitHostPort(nc.RemoteAddr().String())
-		if !l.allowLocked(ip, time.Now()) {
+		if !l.allowLocked(clientip.Key(ip), time.Now()) { // (loopback: one key for 127.0.0.0/8)
 			l.mu.Unlock()
 			_ = nc.Close()
 			l.refuse(nc.RemoteAddr().String(), ip, errors.New("too many new connections from this address"))
@@ -776,7 +777,7 @@ func (l *peerLink) refuse(remote, ip string, err error) {
 	}
 	// Within the address's audit budget, as the LAP gate's refusals: a
 	// flood of connections becomes counted summary entries.
-	l.c.r.cfg.Audit.RecordLimited(context.Background(), "ip:"+ip, audit.Entry{Event: audit.EventAuthFailed,
+	l.c.r.cfg.Audit.RecordLimited(context.Background(), "ip:"+clientip.Key(ip), audit.Entry{Event: audit.EventAuthFailed,
 		Detail: map[string]any{"endpoint": "peer-link", "ip": ip, "reason": err.Error()}})
 }
 

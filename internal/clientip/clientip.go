@@ -3,12 +3,16 @@
 // X-Forwarded-For), and a grouping key under which limits are counted.
 //
 //	addr := clientip.Of(r, trustProxy) // "203.0.113.7", "2001:db8::1"
-//	key := clientip.Key(addr)          // "203.0.113.7", "2001:db8::/64"
+//	key := clientip.Key(addr)          // "203.0.113.7", "2001:db8::/64", "127.0.0.0/8"
 //
 // Key groups IPv6 addresses by their /64: one subscriber usually holds a
 // whole /64 and can pick any of its 2^64 addresses, so counting per address
-// would let one client look like as many clients as it likes. Anything that is
-// not an IP address (a unix socket, "in-process:0") is its own key.
+// would let one client look like as many clients as it likes. For the same
+// reason IPv4 loopback is one key, "127.0.0.0/8": a local process may connect
+// from any of 127.0.0.0/8's 16 million addresses (Linux routes them all to
+// lo), and a limit counted per address would let it mint, or open tabs, as
+// 16 million clients. Anything that is not an IP address (a unix socket,
+// "in-process:0") is its own key.
 package clientip
 
 import (
@@ -45,8 +49,9 @@ func Of(r *http.Request, trustProxy int) string {
 }
 
 // Key is the grouping key of addr for limits: an IPv4 address as itself
-// (an IPv4-mapped IPv6 address as its IPv4 form), an IPv6 address as its /64
-// prefix, anything else unchanged.
+// (an IPv4-mapped IPv6 address as its IPv4 form), except that every IPv4
+// loopback address is "127.0.0.0/8"; an IPv6 address as its /64 prefix;
+// anything else unchanged.
 func Key(addr string) string {
 	ip, err := netip.ParseAddr(strings.Trim(addr, "[]"))
 	if err != nil {
@@ -54,6 +59,9 @@ func Key(addr string) string {
 	}
 	ip = ip.Unmap().WithZone("")
 	if ip.Is4() {
+		if ip.IsLoopback() {
+			return loopback4
+		}
 		return ip.String()
 	}
 	p, err := ip.Prefix(64)
@@ -62,6 +70,9 @@ func Key(addr string) string {
 	}
 	return p.String()
 }
+
+// loopback4 is the key of every IPv4 loopback address.
+const loopback4 = "127.0.0.0/8"
 
 // KeyOf is Key(Of(r, trustProxy)).
 func KeyOf(r *http.Request, trustProxy int) string { return Key(Of(r, trustProxy)) }

@@ -1,0 +1,194 @@
+package lapd_test
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lapd-dev/lapd"
+	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/lapdtest"
+)
+
+// keepAlive opens a connection, makes one request on it and leaves it
+// open (idle keep-alive), returning it and the response's status and body.
+func keepAlive(t *testing.T, addr string) (net.Conn, int, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	return c, res.StatusCode, string(b)
+}
+
+func waitOpen(t *testing.T, a *lapd.Server, want int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, _ := a.OpenConns()
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("open connections %d, want %d", n, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// One client may keep MaxConnsPerClient HTTP connections open: the next is
+// answered 503 too-many-connections at once and closed (audited); a closed
+// one frees its slot; upgraded WebSockets do not count.
+func TestConnectionsPerClient(t *testing.T) {
+	t.Parallel()
+	s := &sink{}
+	a, err := lapd.New(ctxT(t), lapd.Config{AllowAnonymous: true, MaxConnsPerClient: 3, AuditSinks: []audit.Sink{s}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.log = a.Audit()
+	srv := httptest.NewUnstartedServer(a.Handler())
+	srv.Config.ConnState = a.ConnState
+	srv.Start()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx)
+		srv.Close()
+	})
+	addr := srv.Listener.Addr().String()
+
+	var idle []net.Conn
+	for range 3 {
+		c, st, _ := keepAlive(t, addr)
+		if st != 200 {
+			t.Fatalf("connection within the cap: %d", st)
+		}
+		idle = append(idle, c)
+	}
+	_, st, body := keepAlive(t, addr)
+	if st != http.StatusServiceUnavailable || !strings.Contains(body, `"too-many-connections"`) || !strings.Contains(body, "--max-conns-per-client") {
+		t.Fatalf("fourth connection: %d %s, want 503 too-many-connections saying what to do", st, body)
+	}
+	if n, refused := a.OpenConns(); n != 3 || refused != 1 {
+		t.Fatalf("open %d refused %d, want 3 and 1", n, refused)
+	}
+	if es := s.find(func(e audit.Entry) bool {
+		return e.Event == audit.EventRefused && e.Detail["code"] == "too-many-connections"
+	}); len(es) != 1 {
+		t.Fatalf("audited refusals: %+v", es)
+	}
+
+	idle[0].Close()
+	waitOpen(t, a, 2)
+	if _, st, _ := keepAlive(t, addr); st != 200 {
+		t.Fatalf("after one closed: %d", st)
+	}
+	for _, c := range idle[1:] {
+		c.Close()
+	}
+	waitOpen(t, a, 1)
+
+	// Tabs: mint without keep-alive, then upgrade; three paired tabs hold
+	// no HTTP slot.
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	for range 3 {
+		res, err := hc.Post(srv.URL+"/agent/mint", "application/json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		tok := between(string(b), `"token":"`, `"`)
+		tab, err := lapdtest.Dial(ctxT(t), srv.URL+"/agent/ws", tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tab.Close() })
+	}
+	waitOpen(t, a, 1)
+	for range 2 {
+		if _, st, _ := keepAlive(t, addr); st != 200 {
+			t.Fatalf("with three tabs paired: %d", st)
+		}
+	}
+}
+
+func between(s, from, to string) string {
+	_, after, _ := strings.Cut(s, from)
+	v, _, _ := strings.Cut(after, to)
+	return v
+}
+
+// A data directory that was there before, open to other users, is kept as
+// it is and named in a warning at start; one lapd creates is 0700.
+func TestDataDirModeWarning(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		pre  bool
+		warn bool
+	}{{"existing 0755", true, true}, {"created", false, false}} {
+		dir := filepath.Join(t.TempDir(), "data")
+		if tc.pre {
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			_ = os.Chmod(dir, 0o755) // whatever the umask
+		}
+		var buf lockedBuffer
+		a, err := lapd.New(ctxT(t), lapd.Config{DataDir: dir, Store: "sqlite", Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = a.Shutdown(ctxT(t))
+		if got := strings.Contains(buf.String(), "open to other users"); got != tc.warn {
+			t.Errorf("%s: warned %v, want %v: %s", tc.name, got, tc.warn, buf.String())
+		}
+		fi, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]os.FileMode{true: 0o755, false: 0o700}[tc.pre]; fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %04o, want %04o", tc.name, fi.Mode().Perm(), want)
+		}
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
