@@ -247,19 +247,29 @@ func (e *Executor) renderDispatch(b Binding, batch bool, n int, outs []outcome, 
 	}
 	o.str("status", status)
 	if batch {
-		o.key("results")
-		o.b = append(o.b, '[')
-		for i := 0; i < n; i++ {
-			if i > 0 {
-				o.b = append(o.b, ',')
-			}
-			if i < len(outs) {
-				o.b = append(o.b, resultEntry(outs[i])...)
-			} else {
-				o.b = append(o.b, `{"status":"not-sent"}`...)
-			}
+		// One entry per message, unless every one was dispatched with
+		// nothing to say (status says it then).
+		entries := make([]json.RawMessage, len(outs))
+		plain := len(outs) == n
+		for i, oc := range outs {
+			entries[i] = resultEntry(oc)
+			plain = plain && string(entries[i]) == `{"status":"dispatched"}`
 		}
-		o.b = append(o.b, ']')
+		if !plain {
+			o.key("results")
+			o.b = append(o.b, '[')
+			for i := 0; i < n; i++ {
+				if i > 0 {
+					o.b = append(o.b, ',')
+				}
+				if i < len(outs) {
+					o.b = append(o.b, entries[i]...)
+				} else {
+					o.b = append(o.b, `{"status":"not-sent"}`...)
+				}
+			}
+			o.b = append(o.b, ']')
+		}
 	} else {
 		writeDetails(o, last)
 	}

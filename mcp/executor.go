@@ -631,7 +631,7 @@ func (e *Executor) connect(ctx context.Context, a args, p *progress) (*mcpgo.Cal
 		omitted = e.renderObservation(o, ob, true)
 	}
 	e.remember(b.Handle, ob)
-	next := "Pass session=\"" + b.Handle + "\" on every call. This is the current state and your actions: act with send_message (msgs for several steps); narrate first for multi-step work."
+	next := "Pass session=\"" + b.Handle + "\" on every call; act with send_message (msgs for several steps); narrate first for multi-step work."
 	if omitted {
 		next += " stateOmitted parts: " + e.readHint() + "."
 	}

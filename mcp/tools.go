@@ -283,7 +283,7 @@ func catalogue(mode Mode) []toolDef {
 			},
 			out: []prop{
 				out("status", "string", "dispatched | pending-confirmation | confirmed | rejected; for msgs, dispatched when all were, else the status of the one that stopped the batch."),
-				out("results", "array", "msgs only: one {status, …} per message, in order (not-sent after a stop)."),
+				out("results", "array", "msgs only: one {status, …} per message, in order (not-sent after a stop); left out when all were dispatched with nothing to add."),
 				out("stateDiff", "array", "JSON Patch of the change (for msgs: all messages, combined; after a confirmed one, the change on top of its stateAfter)."),
 				out("stateAfter", "", "The state after a confirmed action (kept under 1 KiB, see stateOmitted), or after all with includeState."),
 				out("stateOmitted", "object", "Parts of stateAfter left out for size."),

@@ -415,10 +415,27 @@ func (p *Policy) unknownDetail(name string) string {
 		b.WriteString(" (this app allows no actions)")
 		return b.String()
 	}
+	// The model's actions: a human-only one is not the model's to send
+	// (it is not in the model's action list either).
+	var known []string
+	n := 0
+	for _, name := range p.names {
+		if p.variants[name].HumanOnly {
+			continue
+		}
+		if len(known) < maxListedNames {
+			known = append(known, name)
+		}
+		n++
+	}
+	if n == 0 {
+		b.WriteString(" (the app allows the AI no actions)")
+		return b.String()
+	}
 	b.WriteString(" (known: ")
-	b.WriteString(strings.Join(p.names[:min(len(p.names), maxListedNames)], ", "))
-	if n := len(p.names) - maxListedNames; n > 0 {
-		fmt.Fprintf(&b, ", and %d more", n)
+	b.WriteString(strings.Join(known, ", "))
+	if n > len(known) {
+		fmt.Fprintf(&b, ", and %d more", n-len(known))
 	}
 	b.WriteString(")")
 	return b.String()
