@@ -337,6 +337,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter("lapd_ws_closes_total", st.QueueOverflowCloses, "queue-overflow")
 	counter("lapd_ws_closes_total", st.OverloadCloses, "overloaded")
 	counter("lapd_ws_closes_total", st.WriteTimeouts, "write-timeout")
+	counter("lapd_ws_closes_total", st.HellosTooBig, "hello-too-big")
 	counter("lapd_memory_releases_total", st.MemoryReleases)
 	counter("lapd_ws_frames_throttled_total", st.Throttled)
 	cs, ls := s.confirm.Stats(), s.lap.Stats()
