@@ -109,9 +109,10 @@ func (s *Server) OnConfirmExpire(p confirm.Pending) {
 	if p.Outcome != nil && p.Outcome.Reason != "" {
 		reason = p.Outcome.Reason
 	}
-	_ = s.cfg.Registry.Push(p.TID, map[string]any{"t": "confirm-expire", "confirmId": p.ConfirmID, "reason": reason})
+	// Audited first: whoever sees the frame finds the entry queued.
 	s.cfg.Audit.Record(context.Background(), audit.Entry{TID: p.TID, Event: audit.EventConfirmExpired,
 		Detail: map[string]any{"confirmId": p.ConfirmID, "variant": p.Variant, "reason": reason}})
+	_ = s.cfg.Registry.Push(p.TID, map[string]any{"t": "confirm-expire", "confirmId": p.ConfirmID, "reason": reason})
 }
 
 // PairedTabs is how many tids have a live socket (for /healthz).
