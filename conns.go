@@ -1,6 +1,7 @@
 package lapd
 
 import (
+	"container/list"
 	"net"
 	"net/http"
 	"strconv"
@@ -27,10 +28,12 @@ import (
 // once.
 //
 // Only HTTP connections count: a WebSocket stops counting once upgraded
-// (tabs are bounded by their tokens). A connection over a cap is answered
-// at once with 503 too-many-connections and closed, before any request is
-// read (waiting for its request would hold the descriptor for up to
-// ReadHeaderTimeout), and audited within the client's audit budget.
+// (tabs are bounded by their tokens). A client at its cap makes room by
+// losing its connection idle the longest (ConnState); a connection that
+// finds no room is answered at once with 503 too-many-connections and
+// closed, before any request is read (waiting for its request would hold
+// the descriptor for up to ReadHeaderTimeout), and audited within the
+// client's audit budget.
 const (
 	DefaultMaxConnsPerClient = 256
 	defaultMaxConns          = 10000 // where the process's open-file limit is unknown
@@ -39,15 +42,30 @@ const (
 type connLimits struct {
 	perClient, total int // ≤ 0: no cap
 
-	mu     sync.Mutex
-	byConn map[net.Conn]string // counted connections → client key
-	per    map[string]int
-	open   int
+	mu      sync.Mutex
+	byConn  map[net.Conn]*connEntry // counted connections
+	clients map[string]*connClient  // by client key
+	open    int
 
-	refused    atomic.Int64
-	loggedAt   atomic.Int64 // unix ns of the last refusal logged
-	auditLimit func(key string, e audit.Entry)
-	logWarn    func(msg string, args ...any)
+	refused, reaped atomic.Int64
+	loggedAt        atomic.Int64 // unix ns of the last refusal logged
+	auditLimit      func(key string, e audit.Entry)
+	logWarn         func(msg string, args ...any)
+}
+
+// connEntry is one counted connection; idle is its place in its client's
+// idle list while no request is being served on it (from accept, and
+// between keep-alive requests: net/http calls a connection active once a
+// request's headers are read).
+type connEntry struct {
+	c    net.Conn
+	key  string
+	idle *list.Element
+}
+
+type connClient struct {
+	n    int
+	idle list.List // of *connEntry, longest idle first
 }
 
 // newConnLimits resolves the configured caps: per client 0 = the default,
@@ -69,50 +87,105 @@ func newConnLimits(cfg Config) *connLimits {
 			total = int(min(n, 1<<22) * 3 / 4)
 		}
 	}
-	return &connLimits{perClient: per, total: total, byConn: map[net.Conn]string{}, per: map[string]int{}}
+	return &connLimits{perClient: per, total: total, byConn: map[net.Conn]*connEntry{}, clients: map[string]*connClient{}}
 }
 
 // ConnState enforces the connection caps (see Config.MaxConnsPerClient);
 // set it as the ConnState of the http.Server that serves Handler (lapd serve
 // does, on both its listeners). Without it, nothing is capped.
+//
+// A client at its cap that opens another connection gets it, and its
+// connection idle the longest (one that has not sent a whole request's
+// headers yet counts as idle) is closed: holding idle keep-alive
+// connections gains nothing (one local process holding 256 of them locked
+// every other local client out). Only when all of them are serving a
+// request is the new one refused.
 func (s *Server) ConnState(c net.Conn, st http.ConnState) {
 	l := s.conns
 	switch st {
 	case http.StateNew:
 		key := clientip.Key(remoteHost(c))
-		l.mu.Lock()
+		var victim net.Conn
 		why := ""
-		switch {
-		case l.total > 0 && l.open >= l.total:
+		l.mu.Lock()
+		cl := l.clients[key]
+		if cl == nil {
+			cl = &connClient{}
+			l.clients[key] = cl
+		}
+		if l.perClient > 0 && cl.n >= l.perClient {
+			if front := cl.idle.Front(); front != nil {
+				e := front.Value.(*connEntry)
+				victim = e.c
+				l.forgetLocked(e, cl)
+			} else {
+				why = "your address has " + strconv.Itoa(cl.n) + " connections open to lapd, each serving a request, its limit per client (--max-conns-per-client); retry when one has finished"
+			}
+		}
+		if why == "" && l.total > 0 && l.open >= l.total {
 			why = "lapd has " + strconv.Itoa(l.open) + " connections open, its limit (--max-conns); retry in a few seconds"
-		case l.perClient > 0 && l.per[key] >= l.perClient:
-			why = "your address has " + strconv.Itoa(l.per[key]) + " connections open to lapd, its limit per client (--max-conns-per-client); close idle ones (or reuse them) and retry"
-		default:
-			l.byConn[c] = key
-			l.per[key]++
+		}
+		if why == "" {
+			e := &connEntry{c: c, key: key}
+			e.idle = cl.idle.PushBack(e)
+			l.byConn[c] = e
+			cl.n++
 			l.open++
+		} else if cl.n == 0 {
+			delete(l.clients, key)
 		}
 		l.mu.Unlock()
+		if victim != nil {
+			l.reaped.Add(1)
+			_ = victim.Close()
+		}
 		if why != "" {
 			l.refuse(c, key, why)
 		}
+	case http.StateActive:
+		l.mu.Lock()
+		if e := l.byConn[c]; e != nil && e.idle != nil {
+			l.clients[e.key].idle.Remove(e.idle)
+			e.idle = nil
+		}
+		l.mu.Unlock()
+	case http.StateIdle:
+		l.mu.Lock()
+		if e := l.byConn[c]; e != nil && e.idle == nil {
+			e.idle = l.clients[e.key].idle.PushBack(e)
+		}
+		l.mu.Unlock()
 	case http.StateHijacked, http.StateClosed:
 		l.mu.Lock()
-		if key, ok := l.byConn[c]; ok {
-			delete(l.byConn, c)
-			if l.per[key]--; l.per[key] <= 0 {
-				delete(l.per, key)
-			}
-			l.open--
+		if e := l.byConn[c]; e != nil {
+			l.forgetLocked(e, l.clients[e.key])
 		}
 		l.mu.Unlock()
 	}
+}
+
+// forgetLocked stops counting e (closed, upgraded, or closed to make room).
+func (l *connLimits) forgetLocked(e *connEntry, cl *connClient) {
+	delete(l.byConn, e.c)
+	if e.idle != nil {
+		cl.idle.Remove(e.idle)
+		e.idle = nil
+	}
+	if cl.n--; cl.n <= 0 {
+		delete(l.clients, e.key)
+	}
+	l.open--
 }
 
 // refuse answers c with 503 and closes it. The answer is written before the
 // request is read: a client sees it as the answer to its first request.
 func (l *connLimits) refuse(c net.Conn, key, why string) {
 	l.refused.Add(1)
+	// Audited first: a client that has the answer finds the entry queued.
+	if l.auditLimit != nil {
+		l.auditLimit("ip:"+key, audit.Entry{Event: audit.EventRefused, Detail: map[string]any{
+			"endpoint": "listener", "status": http.StatusServiceUnavailable, "code": "too-many-connections", "ip": key}})
+	}
 	body := `{"error":{"code":"too-many-connections","detail":` + strconv.Quote(why) + `}}`
 	_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond)) // a fresh socket's buffer takes it at once
 	_, _ = c.Write([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 5\r\nConnection: close\r\nContent-Length: " +
@@ -121,18 +194,15 @@ func (l *connLimits) refuse(c net.Conn, key, why string) {
 	if now, last := time.Now().UnixNano(), l.loggedAt.Load(); now-last > int64(time.Second) && l.loggedAt.CompareAndSwap(last, now) && l.logWarn != nil {
 		l.logWarn("refused a connection over the connection limit (at most one such line a second; audited within the client's budget)", "client", key, "why", why)
 	}
-	if l.auditLimit != nil {
-		l.auditLimit("ip:"+key, audit.Entry{Event: audit.EventRefused, Detail: map[string]any{
-			"endpoint": "listener", "status": http.StatusServiceUnavailable, "code": "too-many-connections", "ip": key}})
-	}
 }
 
-// OpenConns reports the HTTP connections counted by ConnState and those
-// refused since start.
-func (s *Server) OpenConns() (open int, refused int64) {
+// OpenConns reports the HTTP connections counted by ConnState, those
+// refused since start, and those closed to make room for a newer one of
+// the same client.
+func (s *Server) OpenConns() (open int, refused, reaped int64) {
 	s.conns.mu.Lock()
 	defer s.conns.mu.Unlock()
-	return s.conns.open, s.conns.refused.Load()
+	return s.conns.open, s.conns.refused.Load(), s.conns.reaped.Load()
 }
 
 func remoteHost(c net.Conn) string {

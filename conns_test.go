@@ -3,6 +3,7 @@ package lapd_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -46,7 +47,7 @@ func waitOpen(t *testing.T, a *lapd.Server, want int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		n, _ := a.OpenConns()
+		n, _, _ := a.OpenConns()
 		if n == want {
 			return
 		}
@@ -57,9 +58,11 @@ func waitOpen(t *testing.T, a *lapd.Server, want int) {
 	}
 }
 
-// One client may keep MaxConnsPerClient HTTP connections open: the next is
-// answered 503 too-many-connections at once and closed (audited); a closed
-// one frees its slot; upgraded WebSockets do not count.
+// One client may keep MaxConnsPerClient HTTP connections open. Past it, a
+// new connection closes the client's connection idle the longest; when all
+// of them are serving a request, the new one is answered 503
+// too-many-connections at once and closed (audited). Upgraded WebSockets
+// do not count.
 func TestConnectionsPerClient(t *testing.T) {
 	t.Parallel()
 	s := &sink{}
@@ -68,7 +71,15 @@ func TestConnectionsPerClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.log = a.Audit()
-	srv := httptest.NewUnstartedServer(a.Handler())
+	// /test-busy is a request that runs until the test releases it.
+	started, release := make(chan struct{}, 3), make(chan struct{})
+	mux := http.NewServeMux()
+	mux.Handle("/", a.Handler())
+	mux.HandleFunc("/test-busy", func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-release
+	})
+	srv := httptest.NewUnstartedServer(mux)
 	srv.Config.ConnState = a.ConnState
 	srv.Start()
 	t.Cleanup(func() {
@@ -78,7 +89,12 @@ func TestConnectionsPerClient(t *testing.T) {
 		srv.Close()
 	})
 	addr := srv.Listener.Addr().String()
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the server's Close (cleanups run last first)
 
+	// Three idle keep-alive connections, then a fourth: it is served, and
+	// the one idle the longest is closed by lapd.
 	var idle []net.Conn
 	for range 3 {
 		c, st, _ := keepAlive(t, addr)
@@ -87,31 +103,61 @@ func TestConnectionsPerClient(t *testing.T) {
 		}
 		idle = append(idle, c)
 	}
-	_, st, body := keepAlive(t, addr)
-	if st != http.StatusServiceUnavailable || !strings.Contains(body, `"too-many-connections"`) || !strings.Contains(body, "--max-conns-per-client") {
-		t.Fatalf("fourth connection: %d %s, want 503 too-many-connections saying what to do", st, body)
-	}
-	if n, refused := a.OpenConns(); n != 3 || refused != 1 {
-		t.Fatalf("open %d refused %d, want 3 and 1", n, refused)
-	}
-	if es := s.find(func(e audit.Entry) bool {
-		return e.Event == audit.EventRefused && e.Detail["code"] == "too-many-connections"
-	}); len(es) != 1 {
-		t.Fatalf("audited refusals: %+v", es)
-	}
-
-	idle[0].Close()
-	waitOpen(t, a, 2)
 	if _, st, _ := keepAlive(t, addr); st != 200 {
-		t.Fatalf("after one closed: %d", st)
+		t.Fatalf("fourth connection with three idle: %d, want it served", st)
 	}
-	for _, c := range idle[1:] {
+	if n, refused, reaped := a.OpenConns(); n != 3 || refused != 0 || reaped != 1 {
+		t.Fatalf("open %d refused %d reaped %d, want 3, 0, 1", n, refused, reaped)
+	}
+	// One of the three was closed by lapd (which one went idle first is
+	// up to the server's goroutines): it reads EOF at once, the others
+	// have nothing to read.
+	closed := 0
+	for _, c := range idle {
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		var ne net.Error
+		if _, err := c.Read(make([]byte, 1)); err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
+			closed++
+		}
 		c.Close()
+	}
+	if closed != 1 {
+		t.Fatalf("%d of the idle connections were closed by lapd, want 1", closed)
 	}
 	waitOpen(t, a, 1)
 
+	// Three connections each serving a request: the next is refused.
+	var busy []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, "GET /test-busy HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		<-started
+		busy = append(busy, c)
+	}
+	_, st, body := keepAlive(t, addr)
+	if st != http.StatusServiceUnavailable || !strings.Contains(body, `"too-many-connections"`) || !strings.Contains(body, "--max-conns-per-client") {
+		t.Fatalf("connection past the cap, all busy: %d %s, want 503 too-many-connections saying what to do", st, body)
+	}
+	if es := s.find(func(e audit.Entry) bool {
+		return e.Event == audit.EventRefused && e.Detail["code"] == "too-many-connections"
+	}); len(es) == 0 {
+		t.Fatal("refusal not audited")
+	}
+	free()
+	for _, c := range busy {
+		c.Close()
+	}
+	waitOpen(t, a, 0)
+
 	// Tabs: mint without keep-alive, then upgrade; three paired tabs hold
 	// no HTTP slot.
+	_, _, reapedBefore := a.OpenConns()
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	for range 3 {
 		res, err := hc.Post(srv.URL+"/agent/mint", "application/json", nil)
@@ -127,11 +173,14 @@ func TestConnectionsPerClient(t *testing.T) {
 		}
 		t.Cleanup(func() { tab.Close() })
 	}
-	waitOpen(t, a, 1)
-	for range 2 {
+	waitOpen(t, a, 0)
+	for range 3 {
 		if _, st, _ := keepAlive(t, addr); st != 200 {
 			t.Fatalf("with three tabs paired: %d", st)
 		}
+	}
+	if _, refused, reaped := a.OpenConns(); reaped != reapedBefore {
+		t.Fatalf("reaped %d (refused %d) with three tabs paired and three connections: the tabs count", reaped, refused)
 	}
 }
 

@@ -83,7 +83,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.String(&c.Hosts, "hosts", "", "comma-separated extra Host names served on a loopback listener (loopback names and the --public-url host always are); any other Host is refused (DNS-rebinding protection)")
 	fs.String(&c.AllowAnonymous, "allow-anonymous", "auto", "mint tokens without an identity: auto (only when listening on loopback and neither --trust-proxy nor --public-url is set), true, false")
 	fs.Int(&c.TrustProxy, "trust-proxy", 0, "number of reverse proxies in front of lapd whose X-Forwarded-* headers are trusted")
-	fs.Int(&c.MaxConnsClient, "max-conns-per-client", 0, "HTTP connections one client address (all of 127.0.0.0/8 as one; IPv6: its /64) may keep open; over it a connection gets 503 too-many-connections (0 = 256, or no cap with --trust-proxy, where the proxy must cap its clients; -1 = no cap)")
+	fs.Int(&c.MaxConnsClient, "max-conns-per-client", 0, "HTTP connections one client address (all of 127.0.0.0/8 as one; IPv6: its /64) may keep open; past it a new connection closes the client's longest-idle one, or gets 503 too-many-connections when all are busy (0 = 256, or no cap with --trust-proxy, where the proxy must cap its clients; -1 = no cap)")
 	fs.Int(&c.MaxConns, "max-conns", 0, "HTTP connections open in all (0 = three quarters of the open-file limit; -1 = no cap); upgraded WebSockets do not count")
 	fs.Duration(&c.TokenTTL, "token-ttl", 24*time.Hour, "hard expiry of an agent token, a `duration` like 24h")
 	fs.Duration(&c.SlidingTTL, "sliding-ttl", 0, "expire a token unused for this long (0 = off)")
