@@ -337,6 +337,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter("lapd_ws_closes_total", st.QueueOverflowCloses, "queue-overflow")
 	counter("lapd_ws_closes_total", st.OverloadCloses, "overloaded")
 	counter("lapd_ws_closes_total", st.WriteTimeouts, "write-timeout")
+	counter("lapd_ws_closes_total", st.HellosTooBig, "hello-too-big")
 	counter("lapd_memory_releases_total", st.MemoryReleases)
 	counter("lapd_ws_frames_throttled_total", st.Throttled)
 	cs, ls := s.confirm.Stats(), s.lap.Stats()
@@ -351,7 +352,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		{"idempotency", int64(ls.IdemBytes), int64(b.idempotency), ls.IdemShed},
 		{"policies", int64(ls.PolicyBytes), int64(b.policies), ls.PoliciesEvicted},
 		{"approval-outcomes", int64(cs.KeptBytes), int64(b.outcomes), cs.Shed},
-		{"approval-payloads", int64(cs.PendingBytes), int64(b.payloads), 0},
+		{"approval-payloads", int64(cs.PendingBytes), int64(b.payloads), cs.PendingShed},
 	} {
 		gauge("lapd_kept_bytes", float64(k.bytes), k.part)
 		gauge("lapd_kept_budget_bytes", float64(k.budget), k.part)

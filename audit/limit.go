@@ -14,20 +14,35 @@ import (
 // the same event with the first suppressed entry's tid and detail plus
 // {"aggregated": n, "since": ms, "until": ms, "budget": source} — so a
 // flood of refusals or tab frames costs a bounded number of writes and
-// nothing is dropped silently.
+// nothing is dropped silently. Budgets run on Config.Clock, never on e.At
+// (which may come from the client).
 func (l *Log) RecordLimited(ctx context.Context, source string, e Entry) {
+	l.RecordPooled(ctx, source, "", e)
+}
+
+// RecordPooled is RecordLimited with a second budget, pool, shared by
+// every source that names it (e.g. "client-log" for all tabs' own log
+// entries): Config.PoolBurst entries, then one per Config.PoolEvery, per
+// event. e is recorded only while both source and pool have budget left;
+// otherwise it is counted in pool's tally (whichever budget was out), so
+// however many sources flood, the pool costs at most its rate in entries
+// plus one summary per Window ({"budget": pool, "aggregated": n, …}).
+// pool "" is RecordLimited.
+func (l *Log) RecordPooled(ctx context.Context, source, pool string, e Entry) {
 	if l == nil {
 		return
 	}
+	now := l.cfg.Clock().UnixMilli()
 	if e.At == 0 {
-		e.At = l.cfg.Clock().UnixMilli()
+		e.At = now
 	}
-	if l.lim.allow(source, e) {
+	if l.lim.allow(now, source, pool, e) {
 		l.Record(ctx, e)
 	}
 }
 
-// limiter is RecordLimited's per source × event budgets and tallies.
+// limiter is RecordLimited's per source × event budgets and tallies, and
+// RecordPooled's per pool × event ones.
 type limiter struct {
 	log *Log
 
@@ -37,9 +52,14 @@ type limiter struct {
 	stopped bool
 }
 
-type limKey struct{ source, event string }
+type limKey struct {
+	source, event string
+	pool          bool // source names a pool (RecordPooled)
+}
 
 type limState struct {
+	burst      float64
+	every      float64 // ms per unit of budget
 	tokens     float64
 	last       int64 // ms of the last refill
 	suppressed int64
@@ -47,46 +67,57 @@ type limState struct {
 	sample     Entry // the first suppressed entry of this window
 }
 
-// allow takes one unit of budget; false means e was counted instead.
-func (lm *limiter) allow(source string, e Entry) bool {
+// stateLocked returns k's state, refilled up to now. Past MaxSources,
+// sources (not pools) share one state per event. Caller holds lm.mu.
+func (lm *limiter) stateLocked(k limKey, burst int, every time.Duration, now int64) *limState {
+	st := lm.m[k]
+	if st == nil {
+		if !k.pool && len(lm.m) >= lm.log.cfg.MaxSources {
+			k.source = "*" // every further source shares one budget
+			st = lm.m[k]
+		}
+		if st == nil {
+			st = &limState{burst: float64(burst), every: max(float64(every)/float64(time.Millisecond), 1e-3), tokens: float64(burst), last: now}
+			lm.m[k] = st
+		}
+	}
+	if dt := now - st.last; dt > 0 {
+		st.tokens = min(st.tokens+float64(dt)/st.every, st.burst)
+		st.last = now
+	}
+	return st
+}
+
+// allow takes one unit of source's budget (and pool's, unless ""); false
+// means e was counted instead.
+func (lm *limiter) allow(now int64, source, pool string, e Entry) bool {
 	cfg := &lm.log.cfg
-	now := e.At
 	lm.mu.Lock()
 	defer lm.mu.Unlock()
 	if lm.m == nil {
 		lm.m = map[limKey]*limState{}
 	}
-	k := limKey{source, e.Event}
-	st := lm.m[k]
-	if st == nil {
-		if len(lm.m) >= cfg.MaxSources {
-			k.source = "*" // every further source shares one budget
-			if st = lm.m[k]; st == nil {
-				st = &limState{tokens: float64(cfg.LimitBurst), last: now}
-				lm.m[k] = st
-			}
-		} else {
-			st = &limState{tokens: float64(cfg.LimitBurst), last: now}
-			lm.m[k] = st
+	st := lm.stateLocked(limKey{source: source, event: e.Event}, cfg.LimitBurst, cfg.LimitEvery, now)
+	tally := st
+	if pool != "" {
+		ps := lm.stateLocked(limKey{source: pool, event: e.Event, pool: true}, cfg.PoolBurst, cfg.PoolEvery, now)
+		tally = ps
+		if st.tokens >= 1 && ps.tokens >= 1 {
+			ps.tokens--
+			st.tokens--
+			lm.armLocked()
+			return true
 		}
-	}
-	if dt := now - st.last; dt > 0 {
-		st.tokens += float64(dt) / float64(cfg.LimitEvery.Milliseconds())
-		if st.tokens > float64(cfg.LimitBurst) {
-			st.tokens = float64(cfg.LimitBurst)
-		}
-		st.last = now
-	}
-	if st.tokens >= 1 {
+	} else if st.tokens >= 1 {
 		st.tokens--
 		lm.armLocked()
 		return true
 	}
-	if st.suppressed == 0 {
-		st.since = now
-		st.sample = e
+	if tally.suppressed == 0 {
+		tally.since = now
+		tally.sample = e
 	}
-	st.suppressed++
+	tally.suppressed++
 	lm.armLocked()
 	return false
 }
@@ -120,7 +151,7 @@ func (lm *limiter) flush() {
 			continue
 		}
 		// Refilled by now: the next entry would be allowed anyway.
-		if float64(now-st.last)/float64(l.cfg.LimitEvery.Milliseconds())+st.tokens >= float64(l.cfg.LimitBurst) {
+		if float64(now-st.last)/st.every+st.tokens >= st.burst {
 			delete(lm.m, k)
 		}
 	}

@@ -45,6 +45,12 @@ type Config struct {
 	LimitEvery time.Duration
 	Window     time.Duration
 	MaxSources int
+
+	// RecordPooled's budget per pool and event, shared by all the pool's
+	// sources: PoolBurst entries, then one per PoolEvery. Defaults 100,
+	// 50ms (20 entries/s).
+	PoolBurst int
+	PoolEvery time.Duration
 }
 
 // Limits applied to every entry's Detail before any sink sees it.
@@ -67,6 +73,8 @@ const (
 	DefaultLimitEvery = time.Second
 	DefaultWindow     = 10 * time.Second
 	DefaultMaxSources = 10000
+	DefaultPoolBurst  = 100
+	DefaultPoolEvery  = 50 * time.Millisecond
 	DefaultLinger     = 25 * time.Millisecond
 	// LingerBatch is the batch size at which the writer stops lingering.
 	LingerBatch = 512
@@ -133,6 +141,12 @@ func New(cfg Config) *Log {
 	}
 	if cfg.MaxSources <= 0 {
 		cfg.MaxSources = DefaultMaxSources
+	}
+	if cfg.PoolBurst <= 0 {
+		cfg.PoolBurst = DefaultPoolBurst
+	}
+	if cfg.PoolEvery <= 0 {
+		cfg.PoolEvery = DefaultPoolEvery
 	}
 	if cfg.Linger == 0 {
 		cfg.Linger = DefaultLinger

@@ -289,6 +289,68 @@ func TestRecordLimited(t *testing.T) {
 	})
 }
 
+// TestRecordPooled: sources sharing a pool get their own budget and, all
+// together, the pool's: past either, entries are counted in the pool's
+// tally, one summary per Window however many sources flood (review M3:
+// 1,000 tabs with a budget each wrote ~1,800 entries/s).
+func TestRecordPooled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBatchSink()
+		l := audit.New(audit.Config{Sinks: []audit.Sink{s}, LimitBurst: 3, LimitEvery: time.Second, Window: 10 * time.Second,
+			PoolBurst: 20, PoolEvery: 100 * time.Millisecond})
+		logs := func(sources, each int) {
+			for i := range sources {
+				for range each {
+					l.RecordPooled(t.Context(), fmt.Sprint("tab:", i), "client-log", audit.Entry{TID: fmt.Sprint(i), Event: audit.EventLapCall,
+						Detail: map[string]any{"source": "client-log", "kind": "read"}})
+				}
+			}
+		}
+		logs(100, 5) // 500 entries; 300 within the tabs' budgets, 20 within the pool's
+		flush(t, l)
+		if got := len(s.all()); got != 20 {
+			t.Fatalf("%d entries before the window ends, want the pool's burst, 20", got)
+		}
+		time.Sleep(10 * time.Second) // the window ends: one summary for all sources
+		synctest.Wait()
+		flush(t, l)
+		es := s.all()
+		if len(es) != 21 {
+			t.Fatalf("%d entries, want 21", len(es))
+		}
+		if sum := es[20]; sum.Detail["aggregated"] != int64(480) || sum.Detail["budget"] != "client-log" || sum.Detail["kind"] != "read" {
+			t.Errorf("summary %+v", sum.Detail)
+		}
+		// 10 s later the pool has refilled (one per 100 ms, up to 20):
+		// 100 sources × 1 second of their own budget each gets 20 through.
+		logs(100, 1)
+		flush(t, l)
+		if got := len(s.all()); got != 41 {
+			t.Errorf("%d entries after the pool refilled, want 41", got)
+		}
+		closeLog(t, l)
+	})
+}
+
+// A budget runs on the Log's clock, not on the entries' At, which may come
+// from a client: an At leaping ahead does not refill it.
+func TestRecordLimitedIgnoresAt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBatchSink()
+		l := audit.New(audit.Config{Sinks: []audit.Sink{s}, LimitBurst: 3, LimitEvery: time.Second, Window: 10 * time.Second})
+		at := time.Now().UnixMilli()
+		for range 50 {
+			at += 10_000 // as if 10 s had passed since the last entry
+			l.RecordLimited(t.Context(), "tab:1", audit.Entry{At: at, TID: "1", Event: audit.EventLapCall})
+		}
+		flush(t, l)
+		if got := len(s.all()); got != 3 {
+			t.Errorf("%d entries, want the burst, 3", got)
+		}
+		closeLog(t, l)
+	})
+}
+
 // TestSQLiteRetention: entries older than MaxAge go, and the table stays
 // under about MaxBytes.
 func TestSQLiteRetention(t *testing.T) {

@@ -2,7 +2,9 @@ package confirm_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +16,12 @@ import (
 // node is one lapd's confirm.Manager over the shared bucket.
 func clusterNodes(t *testing.T, n int, expiry time.Duration, onExpire func(confirm.Pending)) []*confirm.Manager {
 	t.Helper()
+	return clusterNodesCfg(t, n, confirm.Config{Expiry: expiry, OnExpire: onExpire})
+}
+
+// clusterNodesCfg is clusterNodes with a Config (its Store is set here).
+func clusterNodesCfg(t *testing.T, n int, cfg confirm.Config) []*confirm.Manager {
+	t.Helper()
 	ns := natstest.Start(t)
 	var out []*confirm.Manager
 	for range n {
@@ -21,7 +29,9 @@ func clusterNodes(t *testing.T, n int, expiry time.Duration, onExpire func(confi
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := confirm.New(t.Context(), confirm.Config{Store: st, Expiry: expiry, OnExpire: onExpire})
+		c := cfg
+		c.Store = st
+		m, err := confirm.New(t.Context(), c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,5 +146,42 @@ func TestClusterDrop(t *testing.T) {
 	waitFor(t, "B to drop it", func() bool { return len(b.PendingFor("t1")) == 0 })
 	if _, err := b.Wait(ctx, "t1", "c1"); !errors.Is(err, confirm.ErrUnknown) {
 		t.Fatalf("Wait after drop = %v, want ErrUnknown", err)
+	}
+}
+
+// An approval expired to make room (the pending total full, another
+// session proposing) is expired on every node, and told once, like a
+// timeout.
+func TestClusterPendingBudgetExpiresOnce(t *testing.T) {
+	t.Parallel()
+	var expired atomic.Int32
+	ms := clusterNodesCfg(t, 2, confirm.Config{Expiry: time.Minute, PendingBytes: 1300, OnExpire: func(p confirm.Pending) {
+		if p.Outcome != nil && p.Outcome.Reason == confirm.ReasonTooManyPending {
+			expired.Add(1)
+		}
+	}})
+	a, b := ms[0], ms[1]
+	ctx := t.Context()
+	big := json.RawMessage(`"` + strings.Repeat("x", 498) + `"`) // about 630 bytes an approval: two fit
+	for _, id := range []string{"c0", "c1"} {
+		if err := a.Propose(ctx, confirm.Pending{TID: "heavy", ConfirmID: id, Variant: "v", Payload: big}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "B to hold the approvals", func() bool { return len(b.PendingFor("heavy")) == 2 })
+	if err := b.Propose(ctx, confirm.Pending{TID: "light", ConfirmID: "l0", Variant: "v"}); err != nil {
+		t.Fatalf("light session refused: %v", err)
+	}
+	for _, m := range ms {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		r, err := m.Wait(wctx, "heavy", "c0")
+		cancel()
+		if err != nil || r.Status != confirm.StatusRejected || r.Reason != confirm.ReasonTooManyPending {
+			t.Fatalf("Wait = %+v, %v; want rejected/too-many-pending", r, err)
+		}
+	}
+	waitFor(t, "A to hold the light session's approval", func() bool { return len(a.PendingFor("light")) == 1 })
+	if n := expired.Load(); n != 1 {
+		t.Fatalf("OnExpire ran %d times across the cluster, want 1", n)
 	}
 }

@@ -47,9 +47,16 @@
 //   - New loads every approval in the Store and re-arms its timer; one that
 //     already expired expires right after New returns.
 //   - Bounds, in entries and in bytes: at most MaxPendingPerTID pending
-//     approvals and Config.PendingBytesPerTID bytes of their payloads per tid,
-//     Config.PendingBytes in all (Propose returns ErrTooManyPending past
-//     that); at most MaxKeptPerTID kept resolutions and
+//     approvals and Config.PendingBytesPerTID bytes of them per tid
+//     (Propose returns ErrTooManyPending past that), Config.PendingBytes in
+//     all. A proposal that would go over the total makes room: the oldest
+//     pending approval of the tid holding the most bytes of them is expired
+//     as on timeout, with reason too-many-pending (answered, OnExpire
+//     called, counted in Stats.PendingShed), again until it fits; only when
+//     the proposing tid would itself hold the most is the proposal refused
+//     (ErrTooManyPending). Many anonymous tokens of one client can fill the
+//     total in a second; without this, every other session's approval was
+//     refused until theirs expired. At most MaxKeptPerTID kept resolutions and
 //     Config.KeptBytesPerTID bytes of them per tid (that tid's oldest go
 //     first), and MaxKept / Config.KeptBytes in all: past those, the oldest
 //     resolution of the tid keeping the most bytes goes, never a global FIFO,
@@ -80,7 +87,8 @@ import (
 var ErrUnknown = errors.New("confirm: unknown confirmId")
 
 // ErrTooManyPending is returned by Propose when the tid already has
-// MaxPendingPerTID approvals pending.
+// MaxPendingPerTID approvals pending or Config.PendingBytesPerTID bytes of
+// them, or when the total is full and the tid would hold the most.
 var ErrTooManyPending = errors.New("confirm: too many pending approvals for this session")
 
 // ReasonTooManyPending is the rejection reason kept for a proposal Propose
@@ -173,7 +181,7 @@ type Config struct {
 	Expiry   time.Duration    // unanswered approvals expire; default 10m
 	Keep     time.Duration    // resolutions kept; default 5m
 	Clock    func() time.Time // default time.Now
-	OnExpire func(p Pending)  // called (outside locks) when an approval times out; push confirm-expire here
+	OnExpire func(p Pending)  // called (outside locks) when an approval expires (p.Outcome: why); push confirm-expire here
 	Logger   *slog.Logger     // store failures in timer goroutines, shedding; nil = discard
 
 	PendingBytesPerTID int // payload bytes of pending approvals per tid; default 8 MiB
@@ -189,6 +197,7 @@ type Stats struct {
 	Kept         int   // resolutions kept now
 	KeptBytes    int   // their bytes
 	Shed         int64 // kept resolutions dropped early for a bound, since New
+	PendingShed  int64 // pending approvals expired early to make room for another tid's, since New
 	Unproposed   int64 // resolutions of ids never proposed, dropped, since New
 }
 
@@ -240,6 +249,8 @@ type Manager struct {
 
 	pendingBytes, keptBytes int       // guarded by mu
 	shed, unproposed        int64     // guarded by mu
+	pendingShed             int64     // guarded by mu
+	lastPendingShedLog      time.Time // guarded by mu
 	lastShedLog             time.Time // guarded by mu
 
 	// shared is Config.Store when other processes share it (a cluster):
@@ -351,6 +362,10 @@ func (m *Manager) storeResolved(ctx context.Context, e *entry, r Resolution) {
 	p := e.p
 	p.TID, p.ConfirmID = e.key.tid, e.key.id
 	p.Outcome = &r
+	// The payload is the question, not the answer: nothing reads it once
+	// answered, and keeping it on disk for Keep would let approvals expired
+	// to make room (see Propose) hold disk past the pending budget.
+	p.Payload, p.Reason = nil, ""
 	if err := m.cfg.Store.Put(ctx, p); err != nil {
 		m.log.Warn("confirm: record the answer in the store", "tid", e.key.tid, "confirmId", e.key.id, "err", err)
 	}
@@ -430,25 +445,40 @@ func keptSize(id string, r Resolution) int {
 // recorded), Propose does nothing and returns nil: Wait returns that answer.
 // Proposing an approval that is already pending with the same variant and
 // payload does nothing (a retried /message whose tab answered with the same
-// confirmId). It returns ErrDuplicate if the id is pending for another
-// variant or payload, ErrTooManyPending past MaxPendingPerTID or the
-// pending byte budgets (and then keeps the id answered rejected with reason
-// too-many-pending, so proposing it again returns nil and Wait that answer),
-// and the Store's error if persisting fails. Then nothing is recorded (an
-// answer parked for the id stays parked for a retry) and the caller should
-// take the approval back from the tab; storeerr.Unavailable tells a store
-// that did not answer (retry in a few seconds) from one that refused.
+// confirmId). If it would take the total over PendingBytes, Propose first
+// expires the oldest approvals of the tid holding the most (see the package
+// doc; OnExpire is called for them before Propose returns).
+//
+// It returns ErrDuplicate if the id is pending for another variant or
+// payload; ErrTooManyPending past MaxPendingPerTID or PendingBytesPerTID, or
+// past PendingBytes when this tid would hold the most (and then keeps the id
+// answered rejected with reason too-many-pending, so proposing it again
+// returns nil and Wait that answer); and the Store's error if persisting
+// fails. Then nothing is recorded (an answer parked for the id stays parked
+// for a retry; nothing was expired to make room) and the caller should take
+// the approval back from the tab; storeerr.Unavailable tells a store that
+// did not answer (retry in a few seconds) from one that refused.
 func (m *Manager) Propose(ctx context.Context, p Pending) error {
+	expired, hook, err := m.propose(ctx, p)
+	for _, x := range expired {
+		hook(x)
+	}
+	return err
+}
+
+// propose is Propose; it returns the approvals it expired to make room and
+// the hook to tell (called by Propose outside the lock).
+func (m *Manager) propose(ctx context.Context, p Pending) ([]Pending, func(Pending), error) {
 	if !validID(p.TID) || !validID(p.ConfirmID) {
-		return fmt.Errorf("confirm: tid and confirmId must be 1..%d bytes", MaxIDLen)
+		return nil, nil, fmt.Errorf("confirm: tid and confirmId must be 1..%d bytes", MaxIDLen)
 	}
 	if len(p.Payload) > MaxPayload {
-		return fmt.Errorf("confirm: payload of %d bytes is over the %d byte limit", len(p.Payload), MaxPayload)
+		return nil, nil, fmt.Errorf("confirm: payload of %d bytes is over the %d byte limit", len(p.Payload), MaxPayload)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return ErrClosed
+		return nil, nil, ErrClosed
 	}
 	m.sweepLocked()
 	now := m.now()
@@ -461,30 +491,115 @@ func (m *Manager) Propose(ctx context.Context, p Pending) error {
 	ts := m.tid(p.TID)
 	if e, ok := ts.pending[p.ConfirmID]; ok {
 		if e.p.Variant == p.Variant && bytes.Equal(e.p.Payload, p.Payload) {
-			return nil // the same proposal again (a retried /message)
+			return nil, nil, nil // the same proposal again (a retried /message)
 		}
-		return ErrDuplicate
+		return nil, nil, ErrDuplicate
 	}
 	if _, ok := ts.kept[p.ConfirmID]; ok {
-		return nil
+		return nil, nil, nil
 	}
 	if len(ts.pending) >= MaxPendingPerTID {
 		m.refuseLocked(ts, p)
-		return fmt.Errorf("%w (limit %d)", ErrTooManyPending, MaxPendingPerTID)
+		return nil, nil, fmt.Errorf("%w (limit %d)", ErrTooManyPending, MaxPendingPerTID)
 	}
-	if n := pendingSize(p); ts.pendingBytes+n > m.cfg.PendingBytesPerTID || m.pendingBytes+n > m.cfg.PendingBytes {
+	n := pendingSize(p)
+	if ts.pendingBytes+n > m.cfg.PendingBytesPerTID {
 		m.refuseLocked(ts, p)
-		return fmt.Errorf("%w (their payloads are over the byte budget)", ErrTooManyPending)
+		return nil, nil, fmt.Errorf("%w (their payloads are over the session's %d bytes)", ErrTooManyPending, m.cfg.PendingBytesPerTID)
+	}
+	victims, ok := m.planRoomLocked(ts, n)
+	if !ok {
+		m.refuseLocked(ts, p)
+		return nil, nil, fmt.Errorf("%w (lapd's %d bytes of pending approvals are in use, and this session holds the most)", ErrTooManyPending, m.cfg.PendingBytes)
 	}
 	if m.cfg.Store != nil {
 		if err := m.cfg.Store.Put(ctx, p); err != nil {
 			m.forget(p.TID)
-			return fmt.Errorf("confirm: persist approval: %w", err)
+			return nil, nil, fmt.Errorf("confirm: persist approval: %w", err)
 		}
 	}
+	var expired []Pending
+	for _, v := range victims {
+		if x, won := m.expireLocked(v, ReasonTooManyPending); won {
+			expired = append(expired, x)
+		}
+	}
+	if len(victims) > 0 {
+		m.pendingShed += int64(len(victims))
+		if now.Sub(m.lastPendingShedLog) > 10*time.Second {
+			m.lastPendingShedLog = now
+			m.log.Warn("confirm: pending approvals over budget; expired the oldest of the heaviest sessions to make room",
+				"expired", len(victims), "expired_total", m.pendingShed, "pending_bytes", m.pendingBytes, "for_tid", p.TID)
+		}
+	}
+	// The expired approvals' answers are kept, which may have shed this
+	// tid's last kept answer and forgotten its state: look it up again.
+	ts = m.tid(p.TID)
 	e := m.addPending(ts, p)
 	m.applyParkedLocked(ctx, ts, e)
-	return nil
+	return m.notifyLocked(expired), m.onExpire, nil
+}
+
+// planRoomLocked lists the pending approvals to expire so that n more bytes
+// of ts fit in Config.PendingBytes: the oldest of the tid holding the most
+// bytes of pending approvals, again and again (a plan, so that nothing is
+// expired for a proposal that is refused, or that the Store then refuses).
+// ok is false when ts, with n more, would hold more than every other tid:
+// then its proposal is the one refused. Caller holds mu.
+func (m *Manager) planRoomLocked(ts *tidState, n int) (victims []*entry, ok bool) {
+	need := m.pendingBytes + n - m.cfg.PendingBytes
+	if need <= 0 {
+		return nil, true
+	}
+	left := map[*tidState]int{}       // bytes each tid would still hold
+	queue := map[*tidState][]*entry{} // its approvals not planned yet, oldest first
+	for need > 0 {
+		var heavy *tidState
+		hb := 0
+		for _, o := range m.tids {
+			if o == ts || len(o.pending) == 0 {
+				continue
+			}
+			b, planned := left[o]
+			if !planned {
+				b = o.pendingBytes
+			} else if len(queue[o]) == 0 {
+				continue
+			}
+			if heavy == nil || b > hb {
+				heavy, hb = o, b
+			}
+		}
+		if heavy == nil || ts.pendingBytes+n > hb {
+			return nil, false
+		}
+		q, planned := queue[heavy]
+		if !planned {
+			q = m.oldestFirstLocked(heavy)
+		}
+		e := q[0]
+		queue[heavy] = q[1:]
+		left[heavy] = hb - pendingSize(e.p)
+		need -= pendingSize(e.p)
+		victims = append(victims, e)
+	}
+	return victims, true
+}
+
+// oldestFirstLocked lists ts's pending approvals, oldest first. Caller
+// holds mu.
+func (m *Manager) oldestFirstLocked(ts *tidState) []*entry {
+	es := make([]*entry, 0, len(ts.pending))
+	for _, e := range ts.pending {
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(a, b *entry) int {
+		if a.p.ProposedAt != b.p.ProposedAt {
+			return cmpInt(a.p.ProposedAt, b.p.ProposedAt)
+		}
+		return cmpInt(ts.seq[a.key.id], ts.seq[b.key.id])
+	})
+	return es
 }
 
 // applyParkedLocked resolves e with an answer parked for it (the human
@@ -691,7 +806,7 @@ func (m *Manager) unkeepLocal(e *entry) {
 func (m *Manager) Stats() Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	st := Stats{PendingBytes: m.pendingBytes, Kept: m.kept.Len(), KeptBytes: m.keptBytes, Shed: m.shed, Unproposed: m.unproposed}
+	st := Stats{PendingBytes: m.pendingBytes, Kept: m.kept.Len(), KeptBytes: m.keptBytes, Shed: m.shed, PendingShed: m.pendingShed, Unproposed: m.unproposed}
 	for _, ts := range m.tids {
 		st.Pending += len(ts.pending)
 	}
@@ -745,28 +860,51 @@ func (m *Manager) expire(e *entry) {
 		m.mu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	r, won := m.settleLocked(ctx, e, Resolution{Status: StatusRejected, Reason: ReasonTimeout, Variant: e.p.Variant})
-	m.resolveLocked(ts, e, r)
-	if ts.kept[e.key.id] == e {
-		m.storeResolved(ctx, e, e.res)
-	}
-	cancel()
+	p, won := m.expireLocked(e, ReasonTimeout)
 	if !won { // another node answered (or expired) it first: its hook ran there
 		m.mu.Unlock()
 		return
 	}
-	p, hook := e.p, m.onExpire
-	if hook == nil {
-		if len(m.unnotified) >= maxUnnotified {
-			m.unnotified = m.unnotified[1:]
-		}
-		m.unnotified = append(m.unnotified, p)
-	}
+	ps, hook := m.notifyLocked([]Pending{p}), m.onExpire
 	m.mu.Unlock()
-	if hook != nil {
+	for _, p := range ps {
 		hook(p)
 	}
+}
+
+// expireLocked rejects pending e with reason (timeout, or too-many-pending
+// when expired to make room): the answer is settled (in a cluster, the
+// first one stored stands), kept and stored, and e's waiters wake with it.
+// It returns e with that answer in Outcome, and whether this answer won
+// (then OnExpire is due, see notifyLocked). Caller holds mu.
+func (m *Manager) expireLocked(e *entry, reason string) (Pending, bool) {
+	ts := m.tids[e.key.tid]
+	m.stopTimer(e.timer)
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	r, won := m.settleLocked(ctx, e, Resolution{Status: StatusRejected, Reason: reason, Variant: e.p.Variant})
+	m.resolveLocked(ts, e, r)
+	if ts.kept[e.key.id] == e {
+		m.storeResolved(ctx, e, e.res)
+	}
+	p := e.p
+	res := e.res
+	p.Outcome = &res
+	return p, won
+}
+
+// notifyLocked returns the expiries to pass to the hook now, or, while no
+// hook is set, keeps them for SetOnExpire (at most maxUnnotified, newest
+// kept) and returns none. Caller holds mu.
+func (m *Manager) notifyLocked(ps []Pending) []Pending {
+	if m.onExpire != nil || len(ps) == 0 {
+		return ps
+	}
+	m.unnotified = append(m.unnotified, ps...)
+	if over := len(m.unnotified) - maxUnnotified; over > 0 {
+		m.unnotified = slices.Delete(m.unnotified, 0, over)
+	}
+	return nil
 }
 
 // SetOnExpire sets (or replaces) the expiry hook, for a caller that can only
@@ -854,16 +992,7 @@ func (m *Manager) PendingFor(tid string) []Pending {
 	if ts == nil || len(ts.pending) == 0 {
 		return nil
 	}
-	es := make([]*entry, 0, len(ts.pending))
-	for _, e := range ts.pending {
-		es = append(es, e)
-	}
-	slices.SortFunc(es, func(a, b *entry) int {
-		if a.p.ProposedAt != b.p.ProposedAt {
-			return cmpInt(a.p.ProposedAt, b.p.ProposedAt)
-		}
-		return cmpInt(ts.seq[a.key.id], ts.seq[b.key.id])
-	})
+	es := m.oldestFirstLocked(ts)
 	out := make([]Pending, len(es))
 	for i, e := range es {
 		out[i] = e.p

@@ -710,3 +710,115 @@ func TestWaitAnsweredWithDoneContext(t *testing.T) {
 		}
 	}
 }
+
+// H3 of the review: ten anonymous tokens filled the pending byte budget in
+// under a second, and every other session's approval was refused ("too many
+// approvals are waiting in this session", false) and withdrawn from its tab
+// for the ten minutes of the expiry. Now a proposal that does not fit makes
+// room: the oldest approval of the session holding the most bytes is
+// expired as on timeout (reason too-many-pending: its waiter answered, the
+// hook called, the store told); only a session that would itself hold the
+// most is refused.
+func TestPendingBudgetFairBetweenSessions(t *testing.T) {
+	t.Parallel()
+	big := func(tid, id string) Pending {
+		p := prop(tid, id)
+		p.Payload = json.RawMessage(`"` + strings.Repeat("x", 30_000) + `"`)
+		return p
+	}
+	size := pendingSize(big("a0", "x0"))
+	store := NewMemoryStore()
+	expired := make(chan Pending, 10)
+	m := newManager(t, Config{Store: store, PendingBytesPerTID: 4*size + 10, PendingBytes: 13*size + 50,
+		OnExpire: func(p Pending) { expired <- p }})
+	for a := range 4 {
+		n := 3
+		if a == 2 {
+			n = 4 // a2 holds the most
+		}
+		for i := range n {
+			if err := m.Propose(t.Context(), big(fmt.Sprint("a", a), fmt.Sprint("x", i))); err != nil {
+				t.Fatalf("a%d/x%d: %v", a, i, err)
+			}
+		}
+	}
+	waited := make(chan Resolution, 1)
+	go func() {
+		r, _ := m.Wait(context.Background(), "a2", "x0")
+		waited <- r
+	}()
+
+	if err := m.Propose(t.Context(), prop("honest", "mine")); err != nil {
+		t.Fatalf("a fresh session's approval was refused because others filled the budget: %v", err)
+	}
+	if ps := m.PendingFor("honest"); len(ps) != 1 || ps[0].ConfirmID != "mine" {
+		t.Fatalf("honest session pending = %+v", ps)
+	}
+	r := <-waited
+	if r.Status != StatusRejected || r.Reason != ReasonTooManyPending || r.Variant != "clearAll" {
+		t.Errorf("the waiter of the heaviest session's oldest approval got %+v, want rejected/too-many-pending", r)
+	}
+	select {
+	case p := <-expired:
+		if p.TID != "a2" || p.ConfirmID != "x0" || p.Outcome == nil || p.Outcome.Reason != ReasonTooManyPending {
+			t.Errorf("OnExpire(%s/%s, %+v), want a2/x0 with reason too-many-pending", p.TID, p.ConfirmID, p.Outcome)
+		}
+	default:
+		t.Error("OnExpire not called for the approval expired to make room")
+	}
+	if len(expired) != 0 {
+		t.Errorf("%d more approvals expired, want only a2/x0", len(expired))
+	}
+	for a, want := range []int{3, 3, 3, 3} {
+		if n := len(m.PendingFor(fmt.Sprint("a", a))); n != want {
+			t.Errorf("a%d has %d pending, want %d", a, n, want)
+		}
+	}
+	if ps := m.PendingFor("a2"); ps[0].ConfirmID != "x1" {
+		t.Errorf("a2's oldest pending is %s, want x1 (x0 went first)", ps[0].ConfirmID)
+	}
+	st := m.Stats()
+	if st.PendingBytes > 13*size+50 || st.PendingShed != 1 {
+		t.Errorf("Stats = %+v; want within %d bytes, 1 expired to make room", st, 13*size+50)
+	}
+	ps, _ := store.List(t.Context())
+	for _, p := range ps {
+		if p.TID == "a2" && p.ConfirmID == "x0" {
+			if p.Outcome == nil || p.Outcome.Reason != ReasonTooManyPending || p.Payload != nil {
+				t.Errorf("store holds a2/x0 as %+v (outcome %+v); want its answer, without the payload", p, p.Outcome)
+			}
+		}
+	}
+
+	// A session that would hold the most is the one refused: a0 with a
+	// fourth big approval would hold more than anyone.
+	if err := m.Propose(t.Context(), big("a0", "x3")); !errors.Is(err, ErrTooManyPending) || !strings.Contains(err.Error(), "holds the most") {
+		t.Fatalf("a0 over everyone else: %v, want ErrTooManyPending (this session holds the most)", err)
+	}
+	if r, err := m.Wait(t.Context(), "a0", "x3"); err != nil || r.Reason != ReasonTooManyPending {
+		t.Errorf("refused proposal's answer: %+v %v", r, err)
+	}
+	if st := m.Stats(); st.PendingShed != 1 || len(expired) != 0 {
+		t.Errorf("a refused proposal expired others': %+v", st)
+	}
+}
+
+// Expiries made to make room while no hook is set reach the hook set later,
+// as timeouts do.
+func TestPendingBudgetShedBeforeHook(t *testing.T) {
+	t.Parallel()
+	m := newManager(t, Config{PendingBytesPerTID: 1000, PendingBytes: 1000})
+	big := prop("heavy", "old")
+	big.Payload = json.RawMessage(`"` + strings.Repeat("x", 700) + `"`)
+	if err := m.Propose(t.Context(), big); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Propose(t.Context(), prop("light", "new")); err != nil {
+		t.Fatalf("light session refused: %v", err)
+	}
+	var got []Pending
+	m.SetOnExpire(func(p Pending) { got = append(got, p) })
+	if len(got) != 1 || got[0].ConfirmID != "old" || got[0].Outcome == nil || got[0].Outcome.Reason != ReasonTooManyPending {
+		t.Fatalf("late hook got %+v, want heavy/old too-many-pending", got)
+	}
+}

@@ -500,6 +500,15 @@ func browserCount(events []string, name string) int {
 // toggle is a change). It fails the test after 20 s.
 func waitWhileTicking(t *testing.T, tab *browserTab, mc *mcpclient.Client, args map[string]any) browserToolResult {
 	t.Helper()
+	return waitWhileHuman(t, tab, mc, args, func() {
+		tab.click(`document.querySelector('#board li[data-task-id="2"] input[type=checkbox]')`)
+	})
+}
+
+// waitWhileHuman is waitWhileTicking with another human act, done every
+// 300 ms until the call returns.
+func waitWhileHuman(t *testing.T, tab *browserTab, mc *mcpclient.Client, args map[string]any, act func()) browserToolResult {
+	t.Helper()
 	waited := make(chan browserToolResult, 1)
 	go func() {
 		res, err := browserTryCall(mc, "wait_for_change", args)
@@ -508,7 +517,6 @@ func waitWhileTicking(t *testing.T, tab *browserTab, mc *mcpclient.Client, args 
 		}
 		waited <- res
 	}()
-	box := `document.querySelector('#board li[data-task-id="2"] input[type=checkbox]')`
 	tick := time.NewTicker(300 * time.Millisecond)
 	defer tick.Stop()
 	deadline := time.After(20 * time.Second)
@@ -517,7 +525,7 @@ func waitWhileTicking(t *testing.T, tab *browserTab, mc *mcpclient.Client, args 
 		case res := <-waited:
 			return res
 		case <-tick.C:
-			tab.click(box)
+			act()
 		case <-deadline:
 			t.Fatal("wait_for_change did not return after the checkbox was clicked")
 		}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -104,7 +105,6 @@ func browserChain(t *testing.T, transport string) {
 	if wres.IsError || wres.SC["status"] != "changed" || !strings.Contains(browserJSON(wres.SC["value"]), `"done"`) || wres.SC["stateAfter"] != nil {
 		t.Fatalf("wait_for_change: %v %s", wres.IsError, wres.Text)
 	}
-
 	// 7. Confirmation, rejected in the panel. approvalTimeoutMs 0: return
 	// pending-confirmation at once, then wait with get_confirm_result.
 	pend := browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "clearAll"}, "reason", "the test asks for it", "approvalTimeoutMs", 0))
@@ -146,6 +146,17 @@ func browserChain(t *testing.T, transport string) {
 	tab.waitJS(browserTestID("feed")+`.textContent.includes('Cleared the board')`, 10*time.Second)
 	if screenshots {
 		tab.shot("feed")
+	}
+
+	// wait_for_change without a path: what changed since the model's last
+	// look (the human adds tasks through the page's form), not the board.
+	n := 0
+	wres = waitWhileHuman(t, tab, mc, args("timeoutMs", 15000), func() {
+		n++
+		tab.eval(fmt.Sprintf(`(() => { const i = document.querySelector('#new-title'); i.value = 'Human task %d'; i.form.requestSubmit(); return true })()`, n), nil)
+	})
+	if wres.IsError || wres.SC["status"] != "changed" || wres.SC["stateAfter"] != nil || !strings.Contains(browserJSON(wres.SC["stateDiff"]), `"Human task `) {
+		t.Fatalf("wait_for_change without path: %v %s", wres.IsError, wres.Text)
 	}
 
 	// 9. Reload: the session is restored from sessionStorage (no new mint,

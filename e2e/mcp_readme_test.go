@@ -76,7 +76,7 @@ func mcpReadmeFlow(t *testing.T, c *client.Client, tab *lapdtest.Tab, m mintResp
 	})
 	out = mcpOK(t, c, "send_message", S(map[string]any{"msgs": []any{
 		map[string]any{"type": "addTodo", "title": "Buy milk"}, map[string]any{"type": "addTodo", "title": "Walk dog"}}}))
-	if out.SC["status"] != "dispatched" || len(out.SC["results"].([]any)) != 2 || mcpPath(out.SC, "stateDiff.0.path") != "/todos" {
+	if out.SC["status"] != "dispatched" || out.SC["results"] != nil || mcpPath(out.SC, "stateDiff.0.path") != "/todos" { // (all dispatched: no results)
 		t.Fatalf("send_message msgs: %s", out.Text)
 	}
 

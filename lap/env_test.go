@@ -58,6 +58,7 @@ type envCfg struct {
 	pair      pairing.Config
 	tok       tokens.Config
 	conf      confirm.Config
+	audit     audit.Config // Sinks are set by newEnv
 	noAnon    bool
 	wrapStore func(tokens.Store) tokens.Store // optional: wraps the memory token store
 }
@@ -82,7 +83,8 @@ func newEnvTB(t testing.TB, mods ...func(*envCfg)) *env {
 		m(&c)
 	}
 	e := &env{t: t, sink: &memSink{}}
-	al := audit.New(audit.Config{Sinks: []audit.Sink{e.sink}})
+	c.audit.Sinks = []audit.Sink{e.sink}
+	al := audit.New(c.audit)
 	e.sink.log = al
 	c.tok.Store = tokens.NewMemoryStore()
 	if c.wrapStore != nil {

@@ -3,6 +3,7 @@ package lap
 import (
 	"context"
 	"encoding/json"
+	"unicode/utf8"
 
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/confirm"
@@ -48,8 +49,14 @@ func (s *Server) onConfirmResolved(tid string, r pairing.ConfirmResolved) {
 // the server made (the rpc it answered, a narration it was pushed) is
 // already in the audit as that call's lap-call entry and only goes to the
 // ring (/recent-actions); anything else the tab logs is audited as a
-// client-log lap-call within the tab's audit budget (a tab flooding frames
-// becomes one counted entry per interval).
+// client-log lap-call within two budgets (audit.Log.RecordPooled): the
+// tab's own (10 entries, then 1/s) and one shared by every tab
+// (ClientLogPool: 100 entries, then 20/s). Past either, entries become one
+// counted summary per 10 s for all tabs, so 1,000 tabs flooding cost at
+// most about 20 entries a second, not 1,000. Each field is cut to
+// MaxClientLogField bytes: lapd.js's own entries carry a kind ("read"), a
+// variant (a msg type) and an intent (the app's sentence for an action, or
+// "Query state: <path>"), well within it.
 func (s *Server) onLogAppend(tid string, entry json.RawMessage, echo bool) {
 	if echo {
 		return
@@ -61,23 +68,51 @@ func (s *Server) onLogAppend(tid string, entry json.RawMessage, echo bool) {
 		Intent  string `json:"intent"`
 	}
 	_ = json.Unmarshal(entry, &e)
-	d := map[string]any{"source": "client-log", "kind": e.Kind}
+	d := map[string]any{"source": "client-log", "kind": clip(e.Kind, MaxClientLogField)}
 	if e.Variant != "" {
-		d["variant"] = e.Variant
+		d["variant"] = clip(e.Variant, MaxClientLogField)
 	}
 	if e.Intent != "" {
-		d["intent"] = e.Intent
+		d["intent"] = clip(e.Intent, MaxClientLogField)
 	}
-	s.cfg.Audit.RecordLimited(context.Background(), "tab:"+tid, audit.Entry{At: e.At, TID: tid, Event: audit.EventLapCall, Detail: d})
+	s.cfg.Audit.RecordPooled(context.Background(), "tab:"+tid, ClientLogPool, audit.Entry{At: e.At, TID: tid, Event: audit.EventLapCall, Detail: d})
+}
+
+const (
+	// ClientLogPool is the audit budget every tab's unsolicited log
+	// entries share (the "budget" of their summaries).
+	ClientLogPool = "client-log"
+	// MaxClientLogField is the longest kind, variant or intent of a
+	// client-log audit entry, in bytes; longer ones are cut and end in "…".
+	MaxClientLogField = 200
+)
+
+// clip cuts s to at most n bytes at a rune boundary, marking the cut with "…".
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // OnConfirmExpire is confirm.Config.OnExpire: it tells the tab (confirm-expire
-// with reason "timeout") and audits confirm-expired. The composition root
-// passes it to confirm.New before the Server exists, e.g. through a closure.
+// with the reason: "timeout", or "too-many-pending" for an approval expired
+// to make room for another session's) and audits confirm-expired. The
+// composition root passes it to confirm.New before the Server exists, e.g.
+// through a closure, or sets it with confirm.Manager.SetOnExpire.
 func (s *Server) OnConfirmExpire(p confirm.Pending) {
-	_ = s.cfg.Registry.Push(p.TID, map[string]any{"t": "confirm-expire", "confirmId": p.ConfirmID, "reason": "timeout"})
+	reason := confirm.ReasonTimeout
+	if p.Outcome != nil && p.Outcome.Reason != "" {
+		reason = p.Outcome.Reason
+	}
+	// Audited first: whoever sees the frame finds the entry queued.
 	s.cfg.Audit.Record(context.Background(), audit.Entry{TID: p.TID, Event: audit.EventConfirmExpired,
-		Detail: map[string]any{"confirmId": p.ConfirmID, "variant": p.Variant}})
+		Detail: map[string]any{"confirmId": p.ConfirmID, "variant": p.Variant, "reason": reason}})
+	_ = s.cfg.Registry.Push(p.TID, map[string]any{"t": "confirm-expire", "confirmId": p.ConfirmID, "reason": reason})
 }
 
 // PairedTabs is how many tids have a live socket (for /healthz).

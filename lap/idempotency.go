@@ -40,8 +40,16 @@ const CodeOutcomeUnknown = "outcome-unknown"
 // Bodies are counted in bytes: at most bytesPerTID per tid (its oldest body
 // goes first) and maxBytes in all (the oldest body of the tid holding the
 // most goes first, so one session cannot push out another's). A body shed
-// for the budget leaves its key behind, answered 409 outcome-unknown. Keys
-// are capped at maxKeys per tid and maxTotal in all.
+// for the budget leaves its key behind, answered 409 outcome-unknown.
+//
+// Keys are counted per tid (maxKeys, its oldest finished key goes first)
+// and in all (maxTotal). A tid under its cap is never refused because other
+// sessions filled the table: a new key then takes the place of the oldest
+// finished key of the tid holding the most keys (many anonymous tokens of
+// one client fill the table in minutes, and every MCP send_message carries
+// a key). A key still in flight is never dropped: its repeat must wait for
+// it, not dispatch again. Only when the caller's own tid holds the most, or
+// every key in the table is in flight, is the new key refused (429).
 type idempotency struct {
 	ttl         time.Duration
 	maxKeys     int // per tid
@@ -60,8 +68,9 @@ type idempotency struct {
 }
 
 type idemTID struct {
-	keys  map[string]*idemEntry
-	bytes int
+	keys    map[string]*idemEntry
+	bytes   int
+	running int // keys in idemRunning: not evictable
 }
 
 type idemState uint8
@@ -87,7 +96,13 @@ func newIdempotency(ttl time.Duration, maxKeys, bytesPerTID, maxBytes int, clock
 		bytesPerTID: bytesPerTID, maxBytes: maxBytes, clock: clock, m: map[string]*idemTID{}}
 }
 
+// errIdemFull: the caller's own session holds the most keys (or its cap)
+// and none of them can go (all in flight).
 var errIdemFull = errf(http.StatusTooManyRequests, CodeRateLimited, "too many idempotency keys in flight for this session")
+
+// errIdemBusy: the table is full and every key in it is still in flight.
+var errIdemBusy = &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: 2000,
+	detail: "lapd remembers as many idempotency keys as it can, and every one of them is still in flight; retry in a few seconds"}
 
 func outcomeUnknown(shed bool) *apiError {
 	d := "a call with this idempotencyKey reached the app, but its outcome is unknown (the tab went away or did not answer in time); observe before retrying: call observe to see whether it took effect, and if it did not, send it again with a new idempotencyKey"
@@ -102,7 +117,9 @@ func (im *idempotency) do(ctx context.Context, tid, key string, fn func() (any, 
 	for {
 		now := im.clock()
 		im.mu.Lock()
-		if now.Sub(im.lastSweep) > im.ttl || im.total >= im.maxTotal {
+		// A full table is swept at most once a second: a sweep walks every
+		// key (1 ms at 50,000), and room is made by eviction meanwhile.
+		if since := now.Sub(im.lastSweep); since > im.ttl || (im.total >= im.maxTotal && since > time.Second) {
 			im.lastSweep = now
 			im.sweepLocked(now)
 		}
@@ -117,12 +134,13 @@ func (im *idempotency) do(ctx context.Context, tid, key string, fn func() (any, 
 			e = nil
 		}
 		if e == nil {
-			if (len(t.keys) >= im.maxKeys || im.total >= im.maxTotal) && !im.evictKeyLocked(t, now) {
+			if ae := im.makeRoomLocked(t, now); ae != nil {
 				im.mu.Unlock()
-				return nil, errIdemFull
+				return nil, ae
 			}
 			e = &idemEntry{done: make(chan struct{})}
 			t.keys[key] = e
+			t.running++
 			t.bytes += e.size(key)
 			im.bytes += e.size(key)
 			im.total++
@@ -156,6 +174,9 @@ func (im *idempotency) run(tid, key string, e *idemEntry, fn func() (any, *apiEr
 		im.mu.Lock()
 		t := im.m[tid]
 		mine := t != nil && t.keys[key] == e
+		if mine {
+			t.running--
+		}
 		switch {
 		case ae == nil:
 			e.state, e.body = idemDone, enc
@@ -253,7 +274,44 @@ func (im *idempotency) removeLocked(t *idemTID, key string, e *idemEntry) {
 	im.total--
 }
 
-// evictKeyLocked drops expired entries of t, else its oldest finished one.
+// makeRoomLocked makes room for one more key of tid t, within t's cap and
+// the table's (see the type's doc), or says why it cannot.
+func (im *idempotency) makeRoomLocked(t *idemTID, now time.Time) *apiError {
+	if len(t.keys) >= im.maxKeys && !im.evictKeyLocked(t, now) {
+		return errIdemFull
+	}
+	if im.total < im.maxTotal {
+		return nil
+	}
+	heavy := im.heaviestLocked()
+	switch {
+	case heavy == nil:
+		return errIdemBusy
+	case len(t.keys) >= len(heavy.keys):
+		// This session holds the most: it gives up its own oldest.
+		if !im.evictKeyLocked(t, now) {
+			return errIdemFull
+		}
+	default:
+		im.evictKeyLocked(heavy, now)
+	}
+	return nil
+}
+
+// heaviestLocked returns the tid holding the most keys among those with a
+// finished (evictable) one; nil if every key is in flight.
+func (im *idempotency) heaviestLocked() *idemTID {
+	var heavy *idemTID
+	for _, x := range im.m {
+		if len(x.keys) > x.running && (heavy == nil || len(x.keys) > len(heavy.keys)) {
+			heavy = x
+		}
+	}
+	return heavy
+}
+
+// evictKeyLocked drops expired entries of t, else its oldest finished one;
+// never one in flight. False if it dropped nothing.
 func (im *idempotency) evictKeyLocked(t *idemTID, now time.Time) bool {
 	var oldestKey string
 	var oldest *idemEntry

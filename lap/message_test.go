@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -607,5 +608,67 @@ func TestRepairBeforeAnyModelCall(t *testing.T) {
 	tab3 := e.dial(token)
 	if f, err = tab3.WaitFor(ctxT(t), "active"); err != nil || string(f.Raw) != `{"t":"active"}` {
 		t.Fatalf("re-pair after a model's call pushed %s (%v), want {\"t\":\"active\"}", f.Raw, err)
+	}
+}
+
+// H3 of the review, through LAP: other sessions filling lapd's pending
+// approval budget no longer refuse a fresh session's approval (429 "too many
+// approvals are waiting in this session", and its prompt withdrawn). The
+// session holding the most loses its oldest approval instead, as on expiry:
+// its tab is told (confirm-expire, reason too-many-pending), the expiry is
+// audited, and /confirm-result answers rejected/too-many-pending.
+func TestPendingBudgetFullOtherSessions(t *testing.T) {
+	t.Parallel()
+	// An approval with a 300-byte pad costs about 450 bytes: two fit in a
+	// session, three sessions' worth (two + one) fit in all, and a small one
+	// more does not.
+	e := newEnv(t, func(c *envCfg) { c.conf.PendingBytesPerTID, c.conf.PendingBytes = 1000, 1450 })
+	proposer := func(prefix string) lapdtest.Option {
+		var n atomic.Int64
+		return lapdtest.WithHandler("send_message", func(json.RawMessage) (any, *lapdtest.RPCError) {
+			return map[string]any{"status": "pending-confirmation", "confirmId": fmt.Sprint(prefix, n.Add(1)-1)}, nil
+		})
+	}
+	pad := strings.Repeat("x", 300)
+	big := `{"msg":{"type":"clearAll","pad":"` + pad + `"},"timeoutMs":0}`
+	heavyTok, heavyTID, heavyTab := e.paired(proposer("heavy-"))
+	otherTok, _, _ := e.paired(proposer("other-"))
+	for _, c := range []struct{ token, body string }{{heavyTok, big}, {heavyTok, big}, {otherTok, big}} {
+		if r := e.lapCall(c.token, "/message", c.body); r.status != 200 || r.json(t)["status"] != "pending-confirmation" {
+			t.Fatalf("filling: %d %s", r.status, r.body)
+		}
+	}
+	honestTok, honestTID, honestTab := e.paired(proposer("honest-"))
+	r := e.lapCall(honestTok, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":0}`)
+	if r.status != 200 || r.json(t)["confirmId"] != "honest-0" {
+		t.Fatalf("fresh session's approval: %d %s; want it recorded, pending", r.status, r.body)
+	}
+	if p := e.cm.PendingFor(honestTID); len(p) != 1 {
+		t.Errorf("honest session pending %+v, want its approval", p)
+	}
+	f, err := heavyTab.WaitFor(ctxT(t), "confirm-expire")
+	if err != nil || !strings.Contains(string(f.Raw), `"confirmId":"heavy-0"`) || !strings.Contains(string(f.Raw), `"reason":"too-many-pending"`) {
+		t.Fatalf("heaviest session's tab: %s %v; want confirm-expire heavy-0, too-many-pending", f.Raw, err)
+	}
+	if p := e.cm.PendingFor(heavyTID); len(p) != 1 || p[0].ConfirmID != "heavy-1" {
+		t.Errorf("heaviest session pending %+v, want heavy-1 only", p)
+	}
+	r = e.lapCall(heavyTok, "/confirm-result", `{"confirmId":"heavy-0","timeoutMs":0}`)
+	if !strings.Contains(string(r.body), `"status":"rejected"`) || !strings.Contains(string(r.body), `"reason":"too-many-pending"`) {
+		t.Errorf("/confirm-result of the expired approval: %d %s", r.status, r.body)
+	}
+	ex := e.sink.events(audit.EventConfirmExpired)
+	if len(ex) != 1 || ex[0].TID != heavyTID || ex[0].Detail["reason"] != "too-many-pending" {
+		t.Errorf("confirm-expired audit entries %+v, want one for the heaviest session with its reason", ex)
+	}
+	// The honest tab was never told to take its prompt back: nothing
+	// before the rpc of a later call.
+	if r := e.lapCall(honestTok, "/observe", `{}`); r.status != 200 {
+		t.Fatalf("observe: %d %s", r.status, r.body)
+	}
+	for _, f := range honestTab.Frames() {
+		if f.T == "confirm-expire" {
+			t.Errorf("honest tab told %s", f.Raw)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/lap"
 	"github.com/lapd-dev/lapd/lapdtest"
 	"github.com/lapd-dev/lapd/tokens"
 )
@@ -420,6 +421,72 @@ func TestOneAuditEntryPerCall(t *testing.T) {
 	}
 	if strings.Join(client, ",") != "the tab's own" {
 		t.Errorf("client-log entries %v, want only the unsolicited one", client)
+	}
+}
+
+// TestClientLogPooled (review M3): 1,000 tabs each sending unsolicited
+// log-appends with 1,100-character fields grew the audit by ~6 MB/s, since
+// each tab had its own budget (10 entries, then 1/s). Now every tab's
+// client-log entries also share one budget (here 30 entries, no refill
+// during the test), the rest become one summary for all tabs, and each
+// field is cut to MaxClientLogField bytes. Scaled down: 40 tabs × 15.
+func TestClientLogPooled(t *testing.T) {
+	t.Parallel()
+	const tabs, each, pool = 40, 15, 30
+	e := newEnv(t, func(c *envCfg) {
+		c.lap.MintBurst = 2 * tabs
+		c.audit.PoolBurst, c.audit.PoolEvery = pool, time.Hour
+	})
+	long := strings.Repeat("k", 1100)
+	var ts []*lapdtest.Tab
+	for range tabs {
+		_, _, tab := e.paired()
+		ts = append(ts, tab)
+	}
+	for i, tab := range ts {
+		for j := range each {
+			if err := tab.Send(ctxT(t), map[string]any{"t": "log-append", "entry": map[string]any{
+				"id": fmt.Sprint("own-", i, "-", j), "kind": long, "variant": long, "intent": long}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A socket's frames are handled in order: its pong follows
+		// the handling of its log-appends.
+		if err := tab.Send(ctxT(t), map[string]any{"t": "ping"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tab := range ts {
+		if _, err := tab.WaitFor(ctxT(t), "pong"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.sink.log.Close(); err != nil { // ends the window: the summary is written
+		t.Fatal(err)
+	}
+	var single, summaries, total int64
+	for _, en := range e.sink.events(audit.EventLapCall) {
+		if en.Detail["source"] != "client-log" {
+			continue
+		}
+		for _, k := range []string{"kind", "variant", "intent"} {
+			if v, _ := en.Detail[k].(string); len(v) > lap.MaxClientLogField {
+				t.Fatalf("%s of %d bytes, want at most %d", k, len(v), lap.MaxClientLogField)
+			}
+		}
+		if n, ok := en.Detail["aggregated"].(int64); ok {
+			if en.Detail["budget"] != lap.ClientLogPool {
+				t.Errorf("summary for budget %v, want the pool %q", en.Detail["budget"], lap.ClientLogPool)
+			}
+			summaries++
+			total += n
+			continue
+		}
+		single++
+		total++
+	}
+	if single != pool || summaries != 1 || total != tabs*each {
+		t.Errorf("%d client-log entries and %d summaries accounting for %d, want %d, 1 and %d", single, summaries, total, pool, tabs*each)
 	}
 }
 

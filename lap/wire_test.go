@@ -281,8 +281,17 @@ func TestPausedAfterVersionSkew(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *envCfg) { c.tok.Grace = time.Minute })
 	token, tid := e.mint()
-	if _, err := lapdtest.Dial(ctxT(t), e.srv.URL+"/agent/ws", token, lapdtest.WithLapVersion(1)); err == nil {
-		t.Fatal("a lapVersion 1 tab was accepted")
+	// lapd answers hello-ack (minClientVersion 2), then closes with 4426.
+	if old, err := lapdtest.Dial(ctxT(t), e.srv.URL+"/agent/ws", token, lapdtest.WithLapVersion(1)); err == nil {
+		t.Cleanup(old.Abort)
+		select {
+		case <-old.Done():
+		case <-ctxT(t).Done():
+			t.Fatal("a lapVersion 1 tab was kept")
+		}
+		if c := old.CloseStatus(); c != 4426 {
+			t.Fatalf("lapVersion 1 tab closed with %d, want 4426", c)
+		}
 	}
 	waitStatus(t, e, tid, tokens.StatusPendingResume)
 	r := e.lapCall(token, "/actions", "")

@@ -93,10 +93,32 @@ func (e *Executor) sendMessage(ctx context.Context, d toolDef, a args, b Binding
 			break
 		}
 	}
+	e.noteDispatch(b, outs)
 	if a.verbose() {
 		return e.renderVerbose(b, key, batch, len(msgs), outs, approval), nil
 	}
 	return e.renderDispatch(b, batch, len(msgs), outs, approval), nil
+}
+
+// noteDispatch records what the outcomes show the model of the state
+// (view.go): a stateAfter replaces the view, a stateDiff extends it.
+func (e *Executor) noteDispatch(b Binding, outs []outcome) {
+	ops, after, asked := combine(outs)
+	if after == nil && len(ops) == 0 {
+		return
+	}
+	var patch []byte
+	if len(ops) > 0 && !asked {
+		patch = encodePatch(nil, ops)
+	}
+	e.bindings.Update(b.Handle, func(b *Binding) {
+		if after != nil {
+			b.setView(after)
+		}
+		if patch != nil {
+			b.addViewPatch(patch)
+		}
+	})
 }
 
 // dispatchFailed is a tool failure during message len(outs) (0-based). The
@@ -247,19 +269,29 @@ func (e *Executor) renderDispatch(b Binding, batch bool, n int, outs []outcome, 
 	}
 	o.str("status", status)
 	if batch {
-		o.key("results")
-		o.b = append(o.b, '[')
-		for i := 0; i < n; i++ {
-			if i > 0 {
-				o.b = append(o.b, ',')
-			}
-			if i < len(outs) {
-				o.b = append(o.b, resultEntry(outs[i])...)
-			} else {
-				o.b = append(o.b, `{"status":"not-sent"}`...)
-			}
+		// One entry per message, unless every one was dispatched with
+		// nothing to say (status says it then).
+		entries := make([]json.RawMessage, len(outs))
+		plain := len(outs) == n
+		for i, oc := range outs {
+			entries[i] = resultEntry(oc)
+			plain = plain && string(entries[i]) == `{"status":"dispatched"}`
 		}
-		o.b = append(o.b, ']')
+		if !plain {
+			o.key("results")
+			o.b = append(o.b, '[')
+			for i := 0; i < n; i++ {
+				if i > 0 {
+					o.b = append(o.b, ',')
+				}
+				if i < len(outs) {
+					o.b = append(o.b, entries[i]...)
+				} else {
+					o.b = append(o.b, `{"status":"not-sent"}`...)
+				}
+			}
+			o.b = append(o.b, ']')
+		}
 	} else {
 		writeDetails(o, last)
 	}
@@ -429,6 +461,9 @@ func (e *Executor) confirmResult(b Binding, raw []byte, verbose bool) (*mcpgo.Ca
 	switch status {
 	case "confirmed":
 		o.str("next", "The user approved it and it ran; stateAfter is the current state.")
+		if sa := get(ms, "stateAfter"); sa != nil {
+			e.bindings.Update(b.Handle, func(b *Binding) { b.setView(sa) })
+		}
 	case "still-pending":
 		o.str("next", "The user has not decided yet; remind them to approve or reject it in the app, then call get_confirm_result again.")
 	case "rejected":

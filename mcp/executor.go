@@ -631,7 +631,7 @@ func (e *Executor) connect(ctx context.Context, a args, p *progress) (*mcpgo.Cal
 		omitted = e.renderObservation(o, ob, true)
 	}
 	e.remember(b.Handle, ob)
-	next := "Pass session=\"" + b.Handle + "\" on every call. This is the current state and your actions: act with send_message (msgs for several steps); narrate first for multi-step work."
+	next := "Pass session=\"" + b.Handle + "\" on every call; act with send_message (msgs for several steps); narrate first for multi-step work."
 	if omitted {
 		next += " stateOmitted parts: " + e.readHint() + "."
 	}
@@ -738,6 +738,8 @@ func (e *Executor) forward(ctx context.Context, d toolDef, a args, b Binding, p 
 		if !a.verbose() {
 			if lw := leanWait(raw, a.str("path")); lw != nil {
 				raw = lw
+			} else if wd := e.waitDiff(b, raw); wd != nil {
+				raw = wd
 			} else if c := compactObject(raw); c != nil {
 				raw = c
 			}

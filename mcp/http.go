@@ -286,13 +286,39 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w = &spliceWriter{ResponseWriter: w, sp: sp}
 			r = r.WithContext(withSplicer(r.Context(), sp))
 		}
-	} else if r.Method == http.MethodGet && r.Header.Get(mcpserver.HeaderKeySessionID) == "" && !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) {
+	} else if (r.Method == http.MethodGet || r.Method == http.MethodDelete) && r.Header.Get(mcpserver.HeaderKeySessionID) == "" && !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadRequest)
 		_, _ = io.WriteString(w, `{"error":"mcp-session-id required"}`+"\n")
 		return
 	}
+	// In the stateful era, a session id this endpoint does not hold (never
+	// minted, DELETEd, evicted, expired) is 404 on every method, as the MCP
+	// spec asks (the client then initializes again). mcp-go checks it only
+	// on a POST, and answers in text/plain: a GET opened a stream for it and
+	// a DELETE said 200. (The modern era has no sessions: an id is ignored.)
+	if id := r.Header.Get(mcpserver.HeaderKeySessionID); id != "" && !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) && !h.sessions.known(id) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"error":"session not found"}`+"\n")
+		return
+	}
 	h.mcp.ServeHTTP(w, r)
+}
+
+// known reports whether id is a live session of the table (and marks it
+// used).
+func (t *sessionTable) known(id string) bool {
+	t.mu.Lock()
+	now := t.cfg.Now()
+	dropped := t.sweepLocked(now)
+	s := t.m[id]
+	if s != nil {
+		s.used = now
+	}
+	t.mu.Unlock()
+	t.forget(dropped)
+	return s != nil
 }
 
 func isInitialize(body []byte) bool {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
@@ -187,6 +188,33 @@ func TestHTTPDeleteThen404(t *testing.T) {
 	if r := hh.raw(http.MethodGet, "", "", nil); r.StatusCode != http.StatusBadRequest {
 		t.Fatalf("GET without session: %d", r.StatusCode)
 	}
+	if r := hh.raw(http.MethodDelete, "", "", nil); r.StatusCode != http.StatusBadRequest {
+		t.Fatalf("DELETE without session: %d", r.StatusCode)
+	}
+	// Every method answers a gone or unknown id 404 in JSON (a GET used to
+	// open a stream for it, a DELETE said 200, a POST answered text/plain).
+	for _, tc := range []struct{ method, id string }{
+		{http.MethodGet, id}, {http.MethodDelete, id}, {http.MethodPost, id},
+		{http.MethodGet, "mcp-session-nope"}, {http.MethodDelete, "mcp-session-nope"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, tc.method, hh.srv.URL, strings.NewReader(listBody))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("MCP-Protocol-Version", mcpgo.ProtocolVersion20251125)
+		req.Header.Set("Mcp-Session-Id", tc.id)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			cancel()
+			t.Fatalf("%s %s: %v", tc.method, tc.id, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cancel()
+		if resp.StatusCode != http.StatusNotFound || resp.Header.Get("Content-Type") != "application/json" || !strings.Contains(string(b), `"session not found"`) {
+			t.Fatalf("%s with session %s: %d %s %s, want 404 JSON session not found", tc.method, tc.id, resp.StatusCode, resp.Header.Get("Content-Type"), b)
+		}
+	}
 }
 
 func TestHTTPCapacity(t *testing.T) {
@@ -303,7 +331,9 @@ func TestHTTPResultSpliced(t *testing.T) {
 	progressed := make(chan struct{}, 1)
 	hh.lap.on("/wait", func(int, fakeCall) (any, error) {
 		<-progressed
-		return json.RawMessage(`{"status":"changed","stateAfter":` + state + `}`), nil
+		// A state unlike the one observed, so that the patch from the
+		// model's view is longer than the state: the answer is stateAfter.
+		return json.RawMessage(`{"status":"changed","stateAfter":{"w":` + state + `}}`), nil
 	})
 	for _, legacy := range []bool{false, true} {
 		c := hh.client(legacy)
@@ -332,11 +362,11 @@ func TestHTTPResultSpliced(t *testing.T) {
 				t.Fatalf("legacy=%v: text %q, structuredContent %s", legacy, tc.Text, res.RawStructuredContent)
 			}
 			var got map[string]any
-			key := "state"
+			key, want := "state", compactState(state)
 			if tool == "wait_for_change" {
-				key = "stateAfter"
+				key, want = "stateAfter", compactState(`{"w":`+state+`}`)
 			}
-			if json.Unmarshal(res.RawStructuredContent, &got) != nil || mcpJSON(got[key]) != compactState(state) {
+			if json.Unmarshal(res.RawStructuredContent, &got) != nil || mcpJSON(got[key]) != want {
 				t.Fatalf("legacy=%v: structuredContent %s", legacy, res.RawStructuredContent)
 			}
 		}

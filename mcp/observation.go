@@ -106,6 +106,7 @@ func (e *Executor) remember(handle string, ob observation) {
 			b.sigs, b.sigsRaw = ob.sigs, bytes.Clone(ob.messages)
 		}
 		b.setShown(ob.actions, ob.lean, ob.leanOK)
+		b.setView(ob.state)
 	})
 }
 

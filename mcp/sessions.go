@@ -41,6 +41,11 @@ type Binding struct {
 	shownSet bool
 	sigs     map[string]string
 	sigsRaw  []byte
+
+	// The last whole state a result gave the model, and the patches shown
+	// since (view.go); nil view = not known.
+	view    []byte
+	viewOps [][]byte
 }
 
 // BindingSummary is what the model may see about a binding (no token).

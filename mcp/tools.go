@@ -283,7 +283,7 @@ func catalogue(mode Mode) []toolDef {
 			},
 			out: []prop{
 				out("status", "string", "dispatched | pending-confirmation | confirmed | rejected; for msgs, dispatched when all were, else the status of the one that stopped the batch."),
-				out("results", "array", "msgs only: one {status, …} per message, in order (not-sent after a stop)."),
+				out("results", "array", "msgs only: one {status, …} per message, in order (not-sent after a stop); left out when all were dispatched with nothing to add."),
 				out("stateDiff", "array", "JSON Patch of the change (for msgs: all messages, combined; after a confirmed one, the change on top of its stateAfter)."),
 				out("stateAfter", "", "The state after a confirmed action (kept under 1 KiB, see stateOmitted), or after all with includeState."),
 				out("stateOmitted", "object", "Parts of stateAfter left out for size."),
@@ -319,10 +319,10 @@ func catalogue(mode Mode) []toolDef {
 			title: "Wait for a change",
 			core:  true,
 			desc: "Wait up to timeoutMs until the state changes (at path, or anywhere) because the user or the network changed it; use it when you asked the user to do something. " +
-				"Returns {status:\"changed\", value} (the part at path; stateAfter, the whole state, without path) or {status:\"timeout\"}.",
+				"Returns {status:\"changed\", value} (the part at path; without path, stateDiff: what changed since you last saw the state, or stateAfter, the whole state) or {status:\"timeout\"}.",
 			readOnly: true, idempotent: true,
 			props:  []prop{{name: "path", schema: strMax("JSON Pointer to watch (omit for all).", 1024)}, {name: "timeoutMs", schema: integer("Wait this long (default 10000).", 0, MaxTimeoutMs)}},
-			out:    []prop{out("status", "string", "changed | timeout."), out("value", "", "With path: the value there after the change (found:false: none)."), out("stateAfter", "", "Without path: the whole state.")},
+			out:    []prop{out("status", "string", "changed | timeout."), out("value", "", "With path: the value there after the change (found:false: none)."), out("stateDiff", "array", "Without path: JSON Patch from the state your results last showed you (as send_message's), when shorter than the state."), out("stateAfter", "", "Without path: the whole state, when lapd cannot tell what you saw or it is shorter.")},
 			route:  "/wait",
 			budget: budgetWait,
 		},

@@ -9,18 +9,33 @@ import (
 
 // What a tab may make lapd keep, and how fast it may talk. Everything kept
 // per tid is counted in bytes: its recent-log ring (at most LogRing entries
-// and LogRingBytes) and its cached hello. Over all tids, live and recently
-// closed, rings and hellos share BufferBytes; past it lapd sheds, in order,
-// the buffers of closed tabs (oldest first), then the oldest log entries of
-// the tid keeping the most. A hello that still does not fit closes its
-// socket with 1013 (try again later). Every shed is counted (Stats) and
-// logged. Inbound frames are rate-limited per socket, in frames and bytes:
+// and LogRingBytes) and its cached hello (at most MaxHello: a hello over it
+// closes its socket with 1009). Over all tids, live and recently closed,
+// rings and hellos share BufferBytes; past it lapd sheds, in order, the
+// buffers of closed tabs (oldest first), then the oldest log entries of the
+// tid keeping the most, then, for a tab whose hello still does not fit, the
+// live tabs holding larger hellos than its own, largest first: each is
+// closed with 1013 (try again later). A hello that is itself the largest
+// closes its own socket with 1013. Every shed is counted (Stats) and logged.
+//
+// What that means for whoever holds a tab token (anonymous mints are allowed,
+// 30 per minute per IP by default): a hello costs at most MaxHello (1 MiB),
+// so filling the 128 MiB budget with hellos takes 128 live sockets with
+// distinct hellos (4 minutes of one IP's mints); such sockets cannot lock
+// out a tab whose hello is smaller than theirs (an app's real hello is a few
+// KiB): the newcomer sheds them. To refuse it, the attacker's hellos must be
+// no larger than the newcomer's, so 128 MiB / (its size) live sockets (about
+// 13,000 for a 10 KiB hello, 7 hours of one IP's mints). Being shed and
+// reconnecting with the same large hello only refuses the reconnecting socket.
+//
+// Inbound frames are rate-limited per socket, in frames and bytes:
 // over the rate the reader waits (TCP pushes back on the tab), nothing is
 // dropped. Answers to the server's own calls are not counted (see
 // session.solicited).
 const (
 	DefaultLogRingBytes = 1 << 20   // per tid
 	DefaultBufferBytes  = 128 << 20 // rings and hellos of every tid
+	DefaultMaxHello     = 1 << 20   // one hello, as helloSize counts it (a quarter of MaxFrame)
 	DefaultFrameRate    = 200       // inbound frames per second per socket
 	DefaultFrameBurst   = 1000
 	DefaultByteRate     = 8 << 20 // inbound bytes per second per socket (burst: 2 × MaxFrame)
@@ -132,6 +147,45 @@ func (r *Registry) shed() bool {
 	}
 	return !r.overBudget()
 }
+
+// shedHellos makes room for s's hello of size bytes once shed could not:
+// while rings and hellos are over BufferBytes, the live session holding the
+// largest hello, if it is larger than size, is closed with 1013 (its
+// buffers dropped, audited as a disconnect "overloaded"). It reports whether
+// they fit now; false means s's hello is itself the largest (ties included)
+// and s is the one to refuse. A few sessions holding huge hellos thus cannot
+// lock out tabs with ordinary ones: they are shed first.
+func (r *Registry) shedHellos(s *session, size int) bool {
+	for r.overBudget() {
+		var heavy *session
+		heavyBytes := size
+		r.mu.Lock()
+		for _, o := range r.sessions {
+			if o == s {
+				continue
+			}
+			o.mu.Lock()
+			if n := helloSize(o.hello); n > heavyBytes && o.cur != nil && !o.dropped {
+				heavy, heavyBytes = o, n
+			}
+			o.mu.Unlock()
+		}
+		r.mu.Unlock()
+		if heavy == nil {
+			return false
+		}
+		r.overloadCloses.Add(1)
+		r.hellosShed.Add(1)
+		r.cfg.Logger.Warn("pairing: tab buffers over budget; closing the tab holding the largest hello with 1013 to make room for a smaller one",
+			"tid", heavy.tid, "hello_bytes", heavyBytes, "for_tid", s.tid, "for_hello_bytes", size,
+			"kept_bytes", r.bufBytes.Load(), "budget", r.cfg.BufferBytes)
+		r.dropSession(heavy, CloseOverloaded, overloadedText, "overloaded")
+	}
+	return true
+}
+
+// overloadedText is the close reason sent with CloseOverloaded.
+const overloadedText = "lapd is over its memory budget; retry later"
 
 // inbound rate-limits one socket's frames.
 type inbound struct {

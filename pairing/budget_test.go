@@ -8,6 +8,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/tokens"
 )
 
@@ -148,4 +149,93 @@ func TestSolicitedFramesNotThrottled(t *testing.T) {
 	if st := e.reg.Stats(); st.Throttled == st0 {
 		t.Fatalf("Stats %+v: unsolicited frames were not delayed", st)
 	}
+}
+
+// The review (H5): 40 sockets holding distinct hellos of up to 4 MB filled
+// the buffer budget, and every tab that came after, with an ordinary
+// 262-byte hello, was closed with 1013 and could not pair. Scaled down: 8
+// tabs' hellos of budget/8 bytes fill it exactly. A newcomer whose hello is
+// smaller than theirs still pairs: the tab holding the largest hello is
+// closed with 1013 (audited) to make room. The shed tab, reconnecting with
+// its large hello, holds the largest one and is the one refused.
+func TestHelloShedsHeaviest(t *testing.T) {
+	t.Parallel()
+	const budget = 1 << 20
+	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.BufferBytes = budget })
+	bigHello := func(i int) map[string]any {
+		// helloSize: appName + appVersion + schemaHash + 256 = 262, plus the docs' JSON.
+		docs := fmt.Sprintf("%03d", i) + strings.Repeat("x", budget/8-262-2-3)
+		return map[string]any{"t": "hello", "appName": "evil", "appVersion": "1", "schemaHash": "h", "lapVersion": 2, "docs": docs}
+	}
+	heavy := map[string]*tab{}
+	toks := map[string]string{}
+	for i := range 8 {
+		tok, tid := e.mint("")
+		tb := e.dial(tok, dialOpts{})
+		tb.send(bigHello(i))
+		tb.expect("hello-ack")
+		recv(t, e.paired)
+		heavy[tid], toks[tid] = tb, tok
+	}
+	if st := e.reg.Stats(); st.BufferBytes != budget {
+		t.Fatalf("Stats %+v: the big hellos keep %d bytes, want the whole budget %d", st, st.BufferBytes, budget)
+	}
+
+	tok, honest := e.mint("")
+	e.pair(tok) // hello-ack: the honest tab pairs
+	shed := recv(t, e.closed)
+	tb, ok := heavy[shed]
+	if !ok {
+		t.Fatalf("closed %q, want one of the tabs holding a big hello", shed)
+	}
+	if got := tb.closeStatus(); got != CloseOverloaded {
+		t.Fatalf("the shed tab was closed with %d, want %d", got, CloseOverloaded)
+	}
+	st := e.reg.Stats()
+	if st.ActiveTabs != 8 || st.HellosShed != 1 || st.OverloadCloses != 1 || st.BufferBytes > budget {
+		t.Fatalf("Stats %+v: want 7 big tabs and the honest one live, one shed", st)
+	}
+	var audited bool
+	for _, a := range e.sink.find(audit.EventDisconnect) {
+		if a.TID == shed && a.Detail["reason"] == "overloaded" {
+			audited = true
+		}
+		if a.TID == honest {
+			t.Fatalf("the honest tab's socket was closed: %+v", a)
+		}
+	}
+	if !audited {
+		t.Fatalf("no disconnect entry with reason overloaded for the shed tab %s", shed)
+	}
+
+	// The shed tab comes back with the same big hello: it is now the
+	// largest (tied with the others), so it is refused, and nobody else is
+	// shed for it.
+	back := e.dial(toks[shed], dialOpts{})
+	back.send(bigHello(99))
+	if got := back.closeStatus(); got != CloseOverloaded {
+		t.Fatalf("the reconnecting big hello was closed with %d, want %d", got, CloseOverloaded)
+	}
+	if st := e.reg.Stats(); st.HellosShed != 1 || st.OverloadCloses != 2 {
+		t.Fatalf("Stats %+v: the reconnecting big hello shed another tab", st)
+	}
+}
+
+// A hello over MaxHello closes its socket with 1009 and is not kept.
+func TestHelloOverMaxHello(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.MaxHello = 10 << 10 })
+	tok, _ := e.mint("")
+	tb := e.dial(tok, dialOpts{})
+	tb.send(map[string]any{"t": "hello", "appName": "demo", "appVersion": "1", "schemaHash": "h", "lapVersion": 2,
+		"docs": strings.Repeat("d", 20<<10)})
+	if got := tb.closeStatus(); got != websocket.StatusMessageTooBig {
+		t.Fatalf("close %d, want %d", got, websocket.StatusMessageTooBig)
+	}
+	if st := e.reg.Stats(); st.HellosTooBig != 1 || st.BufferBytes != 0 {
+		t.Fatalf("Stats %+v", st)
+	}
+	// A hello within it pairs.
+	tok, _ = e.mint("")
+	e.pair(tok)
 }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/lapd-dev/lapd/audit"
 	"github.com/lapd-dev/lapd/internal/jsonscan"
 )
@@ -346,7 +348,12 @@ func (c *conn) handle(buf *bytes.Buffer) (kept bool) {
 // socket, calls OnPaired (before hello-ack is written).
 func (c *conn) hello(f inFrame) {
 	r, s := c.r, c.s
+	ack := `{"t":"hello-ack","lapVersion":` + strconv.Itoa(LapVersion) + `,"minClientVersion":` + strconv.Itoa(MinClientVersion) +
+		`,"heartbeatMs":` + strconv.FormatInt(r.cfg.PingInterval.Milliseconds(), 10) + `}`
 	if f.LapVersion != nil && *f.LapVersion < MinClientVersion {
+		// As the reference: the hello is answered (hello-ack names the
+		// minimum client version), then the pairing ends.
+		_ = c.enqueue([]byte(ack))
 		r.drop(s.tid, CloseVersionSkew, "lap version too old", "version-skew")
 		return
 	}
@@ -356,6 +363,13 @@ func (c *conn) hello(f inFrame) {
 		AffordancesSample: f.AffordancesSample, Docs: f.Docs, SchemaHash: f.SchemaHash, Policy: f.Policy}
 	if f.LapVersion != nil {
 		h.LapVersion = int(*f.LapVersion)
+	}
+	if size := helloSize(h); size > r.cfg.MaxHello {
+		r.hellosTooBig.Add(1)
+		r.cfg.Logger.Warn("pairing: a tab's hello is over MaxHello; closing it with 1009", "tid", s.tid,
+			"hello_bytes", size, "max_hello", r.cfg.MaxHello)
+		c.close(int(websocket.StatusMessageTooBig), "hello too big")
+		return
 	}
 	h = r.hellos.intern(h)
 	s.mu.Lock()
@@ -370,9 +384,10 @@ func (c *conn) hello(f inFrame) {
 		}
 	}
 	s.mu.Unlock()
-	if mine && r.overBudget() && !r.shed() {
-		// Even without closed tabs' buffers and log rings, the live tabs'
-		// hellos do not fit: this one is refused, its tab retries later.
+	if mine && r.overBudget() && !r.shed() && !r.shedHellos(s, helloSize(h)) {
+		// Even without closed tabs' buffers, log rings and the live
+		// hellos larger than this one, the live tabs' hellos do not fit:
+		// this one is refused, its tab retries later.
 		s.mu.Lock()
 		if s.hello == h {
 			r.bufBytes.Add(-int64(helloSize(h)))
@@ -382,11 +397,9 @@ func (c *conn) hello(f inFrame) {
 		r.overloadCloses.Add(1)
 		r.cfg.Logger.Warn("pairing: a tab's hello does not fit the buffer budget; closing it with 1013", "tid", s.tid,
 			"hello_bytes", helloSize(h), "kept_bytes", r.bufBytes.Load(), "budget", r.cfg.BufferBytes)
-		c.close(CloseOverloaded, "lapd is over its memory budget; retry later")
+		c.close(CloseOverloaded, overloadedText)
 		return
 	}
-	ack := `{"t":"hello-ack","lapVersion":` + strconv.Itoa(LapVersion) + `,"minClientVersion":` + strconv.Itoa(MinClientVersion) +
-		`,"heartbeatMs":` + strconv.FormatInt(r.cfg.PingInterval.Milliseconds(), 10) + `}`
 	// hello-ack is written once OnPaired has returned: a tab that has it
 	// is counted as paired everywhere (e.g. /healthz), and what OnPaired
 	// pushes follows it.

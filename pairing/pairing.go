@@ -208,7 +208,9 @@ type Stats struct {
 	LogShed        int64 // log entries dropped early for BufferBytes
 	ClosedShed     int64 // closed tabs whose buffers were dropped early for BufferBytes
 	Throttled      int64 // inbound frames delayed by the per-socket rate
-	OverloadCloses int64 // sockets closed with 1013: their hello did not fit BufferBytes
+	OverloadCloses int64 // sockets closed with 1013: their hello did not fit BufferBytes, or was shed for a smaller one
+	HellosShed     int64 // of those, live tabs closed because they held the largest hello when a smaller one needed room
+	HellosTooBig   int64 // sockets closed with 1009: their hello was over MaxHello
 
 	FramesIn, FramesOut int64 // WebSocket messages read from and written to tabs
 	BytesIn, BytesOut   int64 // their payload bytes
@@ -298,6 +300,7 @@ type Config struct {
 	LogRing        int             // recent-log entries per tid; default 100
 	LogRingBytes   int             // bytes of recent-log entries per tid; default 1 MiB
 	BufferBytes    int             // rings and hellos of every tid, live or closed; default 128 MiB
+	MaxHello       int             // bytes of one tab's hello (as counted in BufferBytes); default 1 MiB; over → 1009
 	FrameRate      float64         // inbound frames per second per socket, answers to calls not counted; default 200
 	FrameBurst     int             // default 1000
 	ByteRate       float64         // inbound bytes per second per socket, answers to calls not counted; default 8 MiB/s
@@ -350,11 +353,11 @@ type Registry struct {
 	superseded, hbCloses, overflowCloses        atomic.Int64
 	refusedApprovals, writeTimeouts             atomic.Int64
 
-	bufBytes                               atomic.Int64 // rings and hellos kept
-	logDropped, closedShed, throttled      atomic.Int64
-	overloadCloses                         atomic.Int64
-	lastShedLog                            time.Time // guarded by mu
-	framesIn, framesOut, bytesIn, bytesOut atomic.Int64
+	bufBytes                                 atomic.Int64 // rings and hellos kept
+	logDropped, closedShed, throttled        atomic.Int64
+	overloadCloses, hellosShed, hellosTooBig atomic.Int64
+	lastShedLog                              time.Time // guarded by mu
+	framesIn, framesOut, bytesIn, bytesOut   atomic.Int64
 }
 
 // session is everything lapd keeps per tid: the live socket (if any), the
@@ -429,6 +432,9 @@ func New(cfg Config) (*Registry, error) {
 	}
 	if cfg.BufferBytes <= 0 {
 		cfg.BufferBytes = DefaultBufferBytes
+	}
+	if cfg.MaxHello <= 0 {
+		cfg.MaxHello = DefaultMaxHello
 	}
 	if cfg.FrameRate <= 0 {
 		cfg.FrameRate = DefaultFrameRate
@@ -548,6 +554,8 @@ func (r *Registry) Stats() Stats {
 		ClosedShed:          r.closedShed.Load(),
 		Throttled:           r.throttled.Load(),
 		OverloadCloses:      r.overloadCloses.Load(),
+		HellosShed:          r.hellosShed.Load(),
+		HellosTooBig:        r.hellosTooBig.Load(),
 		FramesIn:            r.framesIn.Load(),
 		FramesOut:           r.framesOut.Load(),
 		BytesIn:             r.bytesIn.Load(),
@@ -1123,11 +1131,20 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 	}
 	r.mu.Lock()
 	s := r.sessions[tid]
-	if s == nil {
+	r.mu.Unlock()
+	if s != nil {
+		r.dropSession(s, code, reason, auditReason)
+	}
+}
+
+// dropSession is drop for s, if s is still its tid's session.
+func (r *Registry) dropSession(s *session, code int, reason, auditReason string) {
+	r.mu.Lock()
+	if r.sessions[s.tid] != s {
 		r.mu.Unlock()
 		return
 	}
-	delete(r.sessions, tid)
+	delete(r.sessions, s.tid)
 	if s.closedElem != nil {
 		r.closed.Remove(s.closedElem)
 		s.closedElem = nil
@@ -1143,7 +1160,7 @@ func (r *Registry) drop(tid string, code int, reason, auditReason string) {
 	s.expect = nil
 	s.mu.Unlock()
 	if r.cl != nil {
-		r.cl.disown(tid, s)
+		r.cl.disown(s.tid, s)
 	}
 	if c == nil {
 		return

@@ -70,6 +70,11 @@ func TestVersionSkew(t *testing.T) {
 	tok, tid := e.mint("")
 	tb := e.dial(tok, dialOpts{})
 	tb.send(map[string]any{"t": "hello", "appName": "old", "schemaHash": "h", "lapVersion": 1})
+	// As the reference: hello-ack (which names the minimum client version)
+	// comes first, then the close.
+	if ack := tb.expect("hello-ack"); ack["minClientVersion"] != float64(MinClientVersion) {
+		t.Fatalf("hello-ack %v", ack)
+	}
 	if got := tb.closeStatus(); got != CloseVersionSkew {
 		t.Fatalf("close %d, want %d", got, CloseVersionSkew)
 	}

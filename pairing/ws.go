@@ -559,6 +559,10 @@ func closeReason(code int, err error) string {
 		return "version-skew"
 	case CloseRevoked:
 		return "revoked"
+	case CloseOverloaded:
+		return "overloaded"
+	case int(websocket.StatusMessageTooBig):
+		return "frame-too-big"
 	}
 	if errors.Is(err, errFrameTooBig) {
 		return "frame-too-big"

@@ -21,18 +21,24 @@ const (
 // decodePayload decodes a payload for the validator into what
 // jsonschema.UnmarshalJSON returns (map[string]any, []any, json.Number,
 // string, bool, nil; FuzzDecodePayload compares them), without a decoder's
-// allocations for the usual small payload.
-func decodePayload(payload []byte) (any, error) {
+// allocations for the usual small payload. bad is true when the payload
+// holds a number out of bounds (numberOK): the validator must not see it.
+func decodePayload(payload []byte) (v any, bad bool, err error) {
 	if len(payload) <= fastDecodeBytes {
 		if v, ok := decodeValue(payload, 0); ok {
-			return v, nil
+			return v, false, nil // its numbers were checked as they were read
 		}
 	}
-	return jsonschema.UnmarshalJSON(bytes.NewReader(payload))
+	v, err = jsonschema.UnmarshalJSON(bytes.NewReader(payload))
+	if err != nil {
+		return nil, false, err
+	}
+	return v, hasBadNumber(v), nil
 }
 
-// decodeValue decodes one JSON value; ok is false when it is invalid or
-// nested deeper than fastDecodeDepth.
+// decodeValue decodes one JSON value; ok is false when it is invalid,
+// nested deeper than fastDecodeDepth, or holds a number out of bounds (the
+// decoder's path then says where).
 func decodeValue(v []byte, depth int) (any, bool) {
 	v = bytes.TrimLeft(v, " \t\r\n")
 	if len(v) == 0 || depth > fastDecodeDepth {
@@ -75,5 +81,6 @@ func decodeValue(v []byte, depth int) (any, bool) {
 	case 'n':
 		return nil, true
 	}
-	return json.Number(v), true
+	n := json.Number(v)
+	return n, numberOK(string(n))
 }

@@ -31,6 +31,6 @@ func Example() {
 	// ok
 	// schema-error: /title: minLength: got 0, want 1
 	// human-only: resetBoard can only be done by the human in the app; ask them to do it
-	// invalid: unknown variant: fly (known: addTodo, resetBoard)
+	// invalid: unknown variant: fly (known: addTodo)
 	// hint: {"title":"x"}
 }

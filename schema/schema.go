@@ -20,8 +20,10 @@
 // Check gives reason "invalid" for a msg that is not an object with a string
 // discriminant or names an unknown variant (the detail lists known ones),
 // "human-only" for an action only the human may take, and "schema-error" with
-// JSON Pointer paths for a payload that fails its schema. A nil *Policy allows
-// every msg: the tab then enforces, as in the reference.
+// JSON Pointer paths for a payload that fails its schema, is too costly to
+// check, or holds a number beyond MaxNumberLen or MaxNumberExponent (a policy
+// with one is refused at Parse). A nil *Policy allows every msg: the tab then
+// enforces, as in the reference.
 //
 // PayloadHint returns a skeleton payload built from a variant's required
 // properties, with type-appropriate placeholders and never null (agents copy
@@ -207,12 +209,12 @@ func Parse(raw json.RawMessage) (*Policy, error) {
 	c.UseRegexpEngine(compileRegexp)
 	// Decode and measure every variant before compiling any: a policy over
 	// its limits is refused before the expensive part.
-	nodes := 0
+	var sc scanned
 	for _, name := range p.names {
 		if name == "" || len(name) > MaxVariantName {
 			return nil, fmt.Errorf("schema: variant name %.40q must be 1..%d bytes", name, MaxVariantName)
 		}
-		v, err := decodeVariant(rp.Variants[name], &nodes)
+		v, err := decodeVariant(rp.Variants[name], &sc)
 		if err != nil {
 			return nil, fmt.Errorf("schema: variant %q: %w", name, err)
 		}
@@ -232,9 +234,11 @@ func Parse(raw json.RawMessage) (*Policy, error) {
 			return nil, fmt.Errorf("schema: variant %q: schema: %w", name, err)
 		}
 	}
-	// What the compiled form holds, roughly: the documents, and about a
-	// kilobyte per compiled subschema (measured with jsonschema v6).
-	p.footprint = 2*len(raw) + nodes*1024
+	// What the compiled form holds, roughly: the documents, about a
+	// kilobyte per compiled subschema, and up to 400 bytes per big.Rat of a
+	// numeric keyword (the most a number within numberOK's bounds takes;
+	// measured with jsonschema v6).
+	p.footprint = 2*len(raw) + sc.nodes*1024 + sc.rats*512
 	return p, nil
 }
 
@@ -247,7 +251,7 @@ func (p *Policy) Footprint() int {
 	return p.footprint
 }
 
-func decodeVariant(raw json.RawMessage, nodes *int) (*variant, error) {
+func decodeVariant(raw json.RawMessage, sc *scanned) (*variant, error) {
 	var rv rawVariant
 	if err := json.Unmarshal(raw, &rv); err != nil {
 		return nil, fmt.Errorf("must be an object of annotations and a schema: %w", err)
@@ -269,39 +273,52 @@ func decodeVariant(raw json.RawMessage, nodes *int) (*variant, error) {
 	default:
 		return nil, errors.New("schema must be a JSON Schema object or boolean")
 	}
-	if err := scanSchema(doc, nodes); err != nil {
+	if err := scanSchema(doc, sc); err != nil {
 		return nil, err
 	}
 	v.doc = doc
 	return v, nil
 }
 
-// scanSchema counts the objects and arrays of a schema document into nodes
+// scanned is what scanSchema counted in a policy's schemas so far.
+type scanned struct {
+	nodes int // objects and arrays
+	rats  int // numbers the compiler keeps as a big.Rat (minimum, multipleOf, …)
+}
+
+// scanSchema counts the objects and arrays of a schema document into sc.nodes
 // (refusing past MaxVariantNodes in it, MaxPolicyNodes in all, or nesting
 // past MaxSchemaDepth: the compiler's time grows faster than the size of
 // one schema, and much faster than its depth), and refuses references the cost
 // bound cannot follow: $dynamicRef, $recursiveRef, and a $ref that does not
 // start with "#" (the built-in meta-schemas are reachable that way and use
 // $dynamicRef). Keywords whose values are data (const, enum, default,
-// examples) are counted but not searched for references.
-func scanSchema(doc any, nodes *int) error {
+// examples) are counted but not searched for references. Every number, data
+// or keyword, must be within the bounds of numberOK: the compiler reads
+// them all with big.Rat, and keeps those of minimum, multipleOf and the like.
+func scanSchema(doc any, sc *scanned) error {
 	mine := 0
 	count := func(depth int) error {
-		*nodes++
+		sc.nodes++
 		mine++
 		switch {
 		case depth > MaxSchemaDepth:
 			return fmt.Errorf("the schema nests objects and arrays deeper than %d levels; flatten it (use $defs)", MaxSchemaDepth)
 		case mine > MaxVariantNodes:
 			return fmt.Errorf("the schema has over %d objects and arrays; simplify it", MaxVariantNodes)
-		case *nodes > MaxPolicyNodes:
+		case sc.nodes > MaxPolicyNodes:
 			return fmt.Errorf("the policy's schemas have over %d objects and arrays in all; simplify them", MaxPolicyNodes)
 		}
 		return nil
 	}
+	var path []string
 	var walk func(v any, data bool, depth int) error
 	walk = func(v any, data bool, depth int) error {
 		switch x := v.(type) {
+		case json.Number:
+			if !numberOK(string(x)) {
+				return fmt.Errorf("%s: %s; write it within those bounds", pointerOr(path, "(schema)"), numberMessage(string(x)))
+			}
 		case map[string]any:
 			if err := count(depth); err != nil {
 				return err
@@ -317,25 +334,36 @@ func scanSchema(doc any, nodes *int) error {
 						}
 					}
 				}
+				if _, ok := sub.(json.Number); ok && !data && ratKeywords[k] {
+					sc.rats++
+				}
 				isData := data || k == "const" || k == "enum" || k == "default" || k == "examples"
+				path = append(path, k)
 				if err := walk(sub, isData, depth+1); err != nil {
 					return err
 				}
+				path = path[:len(path)-1]
 			}
 		case []any:
 			if err := count(depth); err != nil {
 				return err
 			}
-			for _, sub := range x {
+			for i, sub := range x {
+				path = append(path, strconv.Itoa(i))
 				if err := walk(sub, data, depth+1); err != nil {
 					return err
 				}
+				path = path[:len(path)-1]
 			}
 		}
 		return nil
 	}
 	return walk(doc, false, 1)
 }
+
+// ratKeywords are the keywords whose number the compiled schema keeps as a
+// *big.Rat.
+var ratKeywords = map[string]bool{"minimum": true, "maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true, "multipleOf": true}
 
 // Discriminant returns the msg field that names the variant ("type" unless
 // the policy said otherwise).
@@ -375,9 +403,12 @@ func (p *Policy) CheckSplit(name string, payload json.RawMessage) *Rejection {
 	if v.schema == nil {
 		return nil
 	}
-	obj, err := decodePayload(payload)
+	obj, bad, err := decodePayload(payload)
 	if err != nil {
 		return reject(ReasonInvalid, "msg is not valid JSON")
+	}
+	if bad {
+		return numberRejection(obj)
 	}
 	if why := checkCost(v.schema, obj); why != "" {
 		return reject(ReasonSchemaError, why)
@@ -390,7 +421,11 @@ func (p *Policy) CheckSplit(name string, payload json.RawMessage) *Rejection {
 	if !errors.As(err, &ve) {
 		return reject(ReasonSchemaError, "payload could not be validated: "+truncate(err.Error(), maxMessageLen))
 	}
-	fes := fieldErrors(ve)
+	return rejectFields(fieldErrors(ve))
+}
+
+// rejectFields is the schema-error Rejection listing fes (at least one).
+func rejectFields(fes []FieldError) *Rejection {
 	parts := make([]string, 0, maxDetailErrors)
 	for _, fe := range fes[:min(len(fes), maxDetailErrors)] {
 		path := fe.Path
@@ -415,10 +450,27 @@ func (p *Policy) unknownDetail(name string) string {
 		b.WriteString(" (this app allows no actions)")
 		return b.String()
 	}
+	// The model's actions: a human-only one is not the model's to send
+	// (it is not in the model's action list either).
+	var known []string
+	n := 0
+	for _, name := range p.names {
+		if p.variants[name].HumanOnly {
+			continue
+		}
+		if len(known) < maxListedNames {
+			known = append(known, name)
+		}
+		n++
+	}
+	if n == 0 {
+		b.WriteString(" (the app allows the AI no actions)")
+		return b.String()
+	}
 	b.WriteString(" (known: ")
-	b.WriteString(strings.Join(p.names[:min(len(p.names), maxListedNames)], ", "))
-	if n := len(p.names) - maxListedNames; n > 0 {
-		fmt.Fprintf(&b, ", and %d more", n)
+	b.WriteString(strings.Join(known, ", "))
+	if n > len(known) {
+		fmt.Fprintf(&b, ", and %d more", n-len(known))
 	}
 	b.WriteString(")")
 	return b.String()
@@ -503,6 +555,14 @@ func pointer(tokens []string) string {
 		b.WriteString(escape(t))
 	}
 	return b.String()
+}
+
+// pointerOr is pointer(tokens), or root when there are none.
+func pointerOr(tokens []string, root string) string {
+	if len(tokens) == 0 {
+		return root
+	}
+	return pointer(tokens)
 }
 
 // escape makes name one JSON Pointer reference token (RFC 6901).

@@ -45,7 +45,7 @@ func TestCheck(t *testing.T) {
 		{"null", `null`, "invalid", "msg.type must be a string", nil},
 		{"type missing", `{"title":"x"}`, "invalid", "msg.type must be a string", nil},
 		{"type not a string", `{"type":3}`, "invalid", "msg.type must be a string", nil},
-		{"unknown variant", `{"type":"nuke"}`, "invalid", "unknown variant: nuke (known: addTodo, clearAll, move, resetBoard, setFilter)", nil},
+		{"unknown variant", `{"type":"nuke"}`, "invalid", "unknown variant: nuke (known: addTodo, clearAll, move, setFilter)", nil},
 		{"human-only", `{"type":"resetBoard"}`, "human-only", "resetBoard can only be done by the human in the app; ask them to do it", nil},
 		{"too short", `{"type":"addTodo","title":""}`, "schema-error", "/title: minLength", []string{"/title validates-failed"}},
 		{"missing required", `{"type":"addTodo"}`, "schema-error", "/title: required property is missing", []string{"/title missing"}},
@@ -348,5 +348,24 @@ func TestReferencePath(t *testing.T) {
 		if got := ReferencePath(ptr, msg); got != want {
 			t.Errorf("ReferencePath(%q) = %q, want %q", ptr, got, want)
 		}
+	}
+}
+
+// The known actions an unknown variant's refusal lists are the model's:
+// human-only ones are left out (the model's action list has none either).
+func TestUnknownListsModelActions(t *testing.T) {
+	pol, err := Parse(json.RawMessage(`{"variants":{"add":{},"reset":{"humanOnly":true}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rej := pol.Check(json.RawMessage(`{"type":"nope"}`)); rej == nil || rej.Detail != "unknown variant: nope (known: add)" {
+		t.Fatalf("%+v", rej)
+	}
+	only, err := Parse(json.RawMessage(`{"variants":{"reset":{"humanOnly":true}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rej := only.Check(json.RawMessage(`{"type":"nope"}`)); rej == nil || !strings.Contains(rej.Detail, "allows the AI no actions") {
+		t.Fatalf("%+v", rej)
 	}
 }

@@ -149,7 +149,7 @@ const agent = createAgent({
     const hints = ['Use moveTask to change a column; toggleDone only flips the checkbox.']
     if (s.dirty) hints.push('There are unsaved changes: call save when you are done editing.')
     return {
-      summary: `${s.tasks.length} tasks (${COLUMNS.map((c) => `${count(c)} ${c}`).join(', ')}); filter ${s.filter}; ${s.dirty ? 'unsaved changes' : 'saved'}.`,
+      summary: `${plural(s.tasks.length, 'task')} (${COLUMNS.map((c) => `${count(c)} ${c}`).join(', ')}); filter ${s.filter}; ${s.dirty ? 'unsaved changes' : 'saved'}.`,
       hints,
       cautions: ['clearAll needs the user to approve it in the app; resetDemo is only for humans.'],
     }
