@@ -14,9 +14,11 @@ import (
 // re-pairs (confirm-sync), and /confirm-result reads its answer later.
 //
 // A call holds its tid's entry from its gate (before the admit), so a
-// close at any later point, even before the wait starts, ends it. An entry
-// lives while a call holds it; a close cancels it and removes it, and the
-// next call for the tid makes a new one.
+// close at any later point, even before the wait starts, ends it. A tab
+// paired here keeps its tid's entry until its socket closes (no allocation
+// per call); for another tid (in a cluster, a tab held by another node) an
+// entry lives while a call holds it. A close cancels the entry and removes
+// it; the next pairing or call makes a new one.
 type tabGone struct {
 	mu sync.Mutex
 	m  map[string]*goneEntry
@@ -26,13 +28,11 @@ type goneEntry struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	refs   int
+	paired bool // a socket of the tid paired here: kept until it closes
 }
 
-// hold returns a context cancelled when tid's socket closes, and the
-// release the caller must call once it no longer waits.
-func (g *tabGone) hold(tid string) (context.Context, func()) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+// entryLocked returns tid's entry, made if there is none. g.mu held.
+func (g *tabGone) entryLocked(tid string) *goneEntry {
 	if g.m == nil {
 		g.m = map[string]*goneEntry{}
 	}
@@ -42,11 +42,27 @@ func (g *tabGone) hold(tid string) (context.Context, func()) {
 		e.ctx, e.cancel = context.WithCancel(context.Background())
 		g.m[tid] = e
 	}
+	return e
+}
+
+// paired keeps tid's entry while its socket, paired here, is open.
+func (g *tabGone) paired(tid string) {
+	g.mu.Lock()
+	g.entryLocked(tid).paired = true
+	g.mu.Unlock()
+}
+
+// hold returns a context cancelled when tid's socket closes, and the
+// release the caller must call once it no longer waits.
+func (g *tabGone) hold(tid string) (context.Context, func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.entryLocked(tid)
 	e.refs++
 	return e.ctx, func() {
 		g.mu.Lock()
 		e.refs--
-		if e.refs == 0 && g.m[tid] == e {
+		if e.refs == 0 && !e.paired && g.m[tid] == e {
 			delete(g.m, tid)
 			e.cancel() // nobody holds it: release the context's resources
 		}
@@ -65,7 +81,7 @@ func (g *tabGone) closed(tid string) {
 	}
 }
 
-// len is how many tids are held (tests).
+// len is how many tids have an entry (tests).
 func (g *tabGone) len() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -116,6 +132,7 @@ func (k *skewSet) has(tid string) bool {
 // onClosed (hooks.go).
 func (s *Server) onTabPaired(tid string, repair bool) {
 	s.skew.del(tid)
+	s.tabGone.paired(tid)
 	s.onPaired(tid, repair)
 }
 

@@ -328,3 +328,19 @@ func TestClaimByAnotherUserDetail(t *testing.T) {
 		t.Errorf("a tid's existence shows: %s vs %s", other.body, none.body)
 	}
 }
+
+// The close signals calls hold are not kept for tabs that are not
+// connected here: a refused call leaves nothing behind.
+func TestTabGoneNotKept(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, _ := e.mint()
+	for _, route := range []string{"/message", "/confirm-result"} {
+		if r := e.lapCall(token, route, `{"msg":{"type":"inc"},"confirmId":"x"}`); r.status != 503 {
+			t.Errorf("%s unpaired: %d %s", route, r.status, r.body)
+		}
+	}
+	if n := lap.HeldTabs(e.lap); n != 0 {
+		t.Errorf("%d close signals kept for a tid with no tab", n)
+	}
+}
