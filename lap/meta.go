@@ -275,7 +275,7 @@ func (s *Server) resumeClaim(m *metaCall) (any, *apiError) {
 		if errors.Is(err, tokens.ErrForbidden) || errors.Is(err, tokens.ErrNotFound) || errors.Is(err, tokens.ErrExpired) || errors.Is(err, tokens.ErrRevoked) {
 			// The same answer whether the tid is unknown, expired or someone
 			// else's: a caller learns nothing about other users' sessions.
-			detail := "this session cannot be claimed by you: a session is claimed by the signed-in user who minted it, from the page that minted it, inside its grace window; mint a new one instead"
+			detail := "this session cannot be claimed: only the signed-in user who minted it may claim it, from the page that minted it, inside its grace window; mint a new session instead"
 			if m.uid == "" {
 				detail = "an anonymous session is claimed with its tabSecret (or, minted without one, its token), from the page that minted it, inside its grace window"
 			}

@@ -202,7 +202,7 @@ func New(cfg Config) (*Server, error) {
 		tabs:     map[string]struct{}{},
 	}
 	s.drainCtx, s.drainCancel = context.WithCancel(context.Background())
-	s.lapRateText = "this session may make " + rateText(cfg.LAPRate, cfg.LAPBurst, "calls") + " (per token)"
+	s.lapRateText = "this session (its token) may make " + rateText(cfg.LAPRate, cfg.LAPBurst, "calls")
 	s.mintRateText = rateText(cfg.MintRate, cfg.MintBurst, "mints and resume/claims") + " per signed-in user (per client address when anonymous)"
 	if s.log == nil {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))

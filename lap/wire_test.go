@@ -321,7 +321,7 @@ func TestClaimByAnotherUserDetail(t *testing.T) {
 	tid := m.json(t)["tid"].(string)
 	other := e.do("POST", "/agent/resume/claim", "", `{"tid":"`+tid+`"}`, "X-User", "bob")
 	none := e.do("POST", "/agent/resume/claim", "", `{"tid":"tid-that-does-not-exist"}`, "X-User", "bob")
-	if other.status != 403 || other.code() != "revoked" || !strings.Contains(other.detail(), "signed-in user who minted it") || !strings.Contains(other.detail(), "mint a new one") {
+	if other.status != 403 || other.code() != "revoked" || !strings.Contains(other.detail(), "signed-in user who minted it") || !strings.Contains(other.detail(), "mint a new session") {
 		t.Errorf("claim by another user: %d %s", other.status, other.body)
 	}
 	if other.detail() != none.detail() || none.status != 403 {
