@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"sync"
 
+	"golang.org/x/time/rate"
+
 	"github.com/lapd-dev/lapd/internal/storeerr"
 )
 
@@ -66,6 +68,33 @@ type apiError struct {
 
 func errf(status int, code, detail string) *apiError {
 	return &apiError{status: status, code: code, detail: detail}
+}
+
+// retrySeconds is a Retry-After in ms as the whole seconds the header says.
+func retrySeconds(ms int64) int64 {
+	if s := (ms + 999) / 1000; s > 1 {
+		return s
+	}
+	return 1
+}
+
+// rateText says a rate limit in words: "30 calls a minute (bursts of 30)".
+func rateText(l rate.Limit, burst int, what string) string {
+	if l == rate.Inf || l <= 0 {
+		return "a limited number of " + what
+	}
+	return strconv.FormatFloat(float64(l)*60, 'g', 3, 64) + " " + what + " a minute (bursts of " + strconv.Itoa(burst) + ")"
+}
+
+// sizeText says a byte limit: "1 MiB", "64 KiB", "100 bytes".
+func sizeText(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return strconv.FormatInt(n>>20, 10) + " MiB"
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return strconv.FormatInt(n>>10, 10) + " KiB"
+	}
+	return strconv.FormatInt(n, 10) + " bytes"
 }
 
 // bodyReadError maps a failed request body read: the read deadline (the body

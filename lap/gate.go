@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -40,6 +41,10 @@ type call struct {
 	// deferred: the gate left the admit to the route's first forwarded
 	// call (pairing.Registry.DeferAdmit); lapCall settles it.
 	deferred bool
+	// gone (/message, /confirm-result) is cancelled when the tab's socket
+	// closes after the gate: an approval wait then ends (tabGone).
+	gone        context.Context
+	goneRelease func()
 }
 
 // admitLater are the routes whose first forwarded operation may carry the
@@ -109,6 +114,9 @@ func (s *Server) lapCall(w http.ResponseWriter, r *http.Request, ctx context.Con
 	if e == nil {
 		res, e = h(c)
 	}
+	if c.goneRelease != nil {
+		c.goneRelease()
+	}
 	if c.deferred {
 		if se := c.settleAdmit(); se != nil {
 			if r, ok := res.(interface{ release() }); ok {
@@ -136,12 +144,12 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 	s := c.s
 	// 1. declared size
 	if c.r.ContentLength > s.cfg.MaxBody {
-		return nil, errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+		return nil, s.lapTooLarge()
 	}
 	// 2. bearer
 	token, ok := BearerToken(c.r.Header.Get("Authorization"))
 	if !ok {
-		return nil, errf(http.StatusUnauthorized, CodeAuthFailed, "missing bearer token")
+		return nil, errf(http.StatusUnauthorized, CodeAuthFailed, detailNoBearer)
 	}
 	rec, err := s.cfg.Tokens.Verify(c.ctx, token)
 	switch {
@@ -149,7 +157,7 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		c.tid = rec.TID
 		return nil, errf(http.StatusForbidden, CodeRevoked, detailRevoked)
 	case errors.Is(err, tokens.ErrMalformed), errors.Is(err, tokens.ErrUnknown), errors.Is(err, tokens.ErrExpired), errors.Is(err, tokens.ErrNotFound):
-		return nil, &apiError{status: http.StatusUnauthorized, code: CodeAuthFailed, invalidToken: true}
+		return nil, &apiError{status: http.StatusUnauthorized, code: CodeAuthFailed, invalidToken: true, detail: detailBadToken}
 	case err != nil:
 		if c.ctx.Err() != nil {
 			return nil, errf(http.StatusGatewayTimeout, CodeTimeout, "request cancelled")
@@ -164,6 +172,11 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		return nil, errf(http.StatusForbidden, CodeRevoked, detailRevoked)
 	}
 	c.rec = rec
+	if c.route == "/message" || c.route == "/confirm-result" {
+		// Before the admit: a close after it ends the call's approval
+		// wait, even one that comes before the wait starts.
+		c.gone, c.goneRelease = s.tabGone.hold(c.tid)
+	}
 	// 4. paired? 5. rate limit per tid: both decided where the tab lives
 	// (Hooks.OnAdmit; on another node in a cluster, where the route's first
 	// forwarded call may carry them: admitLater).
@@ -187,7 +200,7 @@ func (c *call) gate(w http.ResponseWriter) (any, *apiError) {
 		return nil, s.paused(c.ctx, c.tid)
 	}
 	if retryMs > 0 {
-		return nil, rateLimited(retryMs)
+		return nil, s.rateLimited(retryMs)
 	}
 	// 6. the body
 	if e := c.readRequestBody(); e != nil {
@@ -227,14 +240,21 @@ func (c *call) settleAdmit() *apiError {
 		return c.s.paused(c.ctx, c.tid)
 	}
 	if retryMs > 0 {
-		return rateLimited(retryMs)
+		return c.s.rateLimited(retryMs)
 	}
 	return nil
 }
 
 // rateLimited is the 429 of a call the tab's per-tid rate limit refused.
-func rateLimited(retryMs int64) *apiError {
-	return &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: retryMs}
+func (s *Server) rateLimited(retryMs int64) *apiError {
+	return &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: retryMs,
+		detail: "too many calls: " + s.lapRateText + "; wait " + strconv.FormatInt(retrySeconds(retryMs), 10) + " s (Retry-After) before the next call"}
+}
+
+// lapTooLarge is the 413 of a LAP body over MaxBody.
+func (s *Server) lapTooLarge() *apiError {
+	return errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "the request body is over lapd's "+sizeText(s.cfg.MaxBody)+
+		" limit for a LAP call; send a smaller body (a smaller payload, or a batch split into several calls)")
 }
 
 // readRequestBody is the gate's step 6: the body through a limit (covers
@@ -247,7 +267,7 @@ func (c *call) readRequestBody() *apiError {
 			return bodyReadError(err)
 		}
 		if int64(len(b)) > s.cfg.MaxBody {
-			return errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+			return s.lapTooLarge()
 		}
 		// Parts of the body are forwarded to the tab byte for byte in a
 		// WebSocket text frame, which must be UTF-8 (a browser fails the
@@ -395,7 +415,25 @@ const (
 	detailNotPaired = "the app tab is not connected (it was never opened with this token, or it is closed); retry in %d s, and if it keeps failing ask the user to open the app tab and keep it open"
 	detailResuming  = "the app tab disconnected (a reload or a network drop) and may reconnect within %d s; retry in a few seconds, and if it keeps failing ask the user to reopen the app tab"
 	detailNoAnswer  = "the lapd node that holds the app tab did not answer (it is restarting, or cut off from this one); the tab reconnects to a live node by itself: retry in %d s, and if it keeps failing ask the user to reload the app tab"
+	detailNoHello   = "the app tab is connected but has not introduced itself yet (its hello has not arrived); retry in %d s"
+	detailSkew      = "the app tab was refused because its lapd client is too old (it speaks a LAP version below 2), so retrying will not help: ask the user to update the app's lapd client (client/lapd.js) and reload the app tab, then, if this session has expired meanwhile, " + askNewLine
+	detailBadToken  = "the token is unknown or expired (or was replaced by a resume/claim, which hands out a new one); " + askNewLine
+	detailNoBearer  = "the Authorization header is missing or does not use the Bearer scheme: send Authorization: Bearer <token>, with the token from the connect line"
+	// A /message whose tab did not answer may have acted: observe first.
+	detailMessageTimeout = "the app tab did not answer in time, and the action may have run: call observe to see whether it took effect before sending it again (a retry with the same idempotencyKey is never dispatched twice)"
+	detailTimeout        = "the app tab did not answer in time (it may be busy, or its page frozen); retry, and if it keeps failing ask the user to reload the app tab"
 )
+
+// noHello is the 503 paused of a route that needs the tab's cached hello
+// (/describe, /observe) when there is none: a tab that is connected has
+// not sent it yet (it comes right after the socket opens), one that is not
+// gets the usual paused.
+func (c *call) noHello() *apiError {
+	if c.s.cfg.Registry.Health(c.tid).Connected {
+		return c.s.pausedAsWait(c.ctx, c.tid, detailNoHello, 1)
+	}
+	return c.s.paused(c.ctx, c.tid)
+}
 
 // pausedNoAnswer is paused for a call whose admit the tab's node did not
 // answer, or whose connection to that node was lost (a cluster node
@@ -415,7 +453,19 @@ func (s *Server) paused(ctx context.Context, tid string) *apiError {
 // pausedAs is paused with notPaired (a format of one %d, the seconds to
 // wait) as the detail for a record that is not resuming, revoked or gone.
 func (s *Server) pausedAs(ctx context.Context, tid, notPaired string) *apiError {
+	return s.pausedAsWait(ctx, tid, notPaired, 5)
+}
+
+// pausedAsWait is pausedAs with wait seconds (Retry-After) for a record
+// that is not resuming, revoked or gone. A session whose tab lapd refused
+// for its LAP version says so whatever the record: a retry never helps.
+func (s *Server) pausedAsWait(ctx context.Context, tid, notPaired string, wait int) *apiError {
 	e := &apiError{status: http.StatusServiceUnavailable, code: CodePaused}
+	defer func() {
+		if (e.reconnect == "pending" || e.reconnect == "expired") && s.skew.has(tid) {
+			e.detail = detailSkew
+		}
+	}()
 	rec, err := s.cfg.Tokens.Get(context.WithoutCancel(ctx), tid)
 	switch {
 	case err != nil:
@@ -436,7 +486,7 @@ func (s *Server) pausedAs(ctx context.Context, tid, notPaired string) *apiError 
 		}
 	default:
 		e.reconnect = "pending"
-		e.retryAfterS = 5
+		e.retryAfterS = wait
 		e.detail = fmt.Sprintf(notPaired, e.retryAfterS)
 	}
 	return e
@@ -489,13 +539,16 @@ func (c *call) mapRPCErr(err error) *apiError {
 	var rl *pairing.RateLimitError
 	switch {
 	case errors.As(err, &rl): // a deferred admit refused on the tab's node: the gate's 429
-		return rateLimited(rl.RetryAfterMs)
+		return c.s.rateLimited(rl.RetryAfterMs)
 	case errors.Is(err, pairing.ErrPaused) && errors.Is(err, pairing.ErrLinkLost):
 		return c.s.pausedNoAnswer(c.ctx, c.tid)
 	case errors.Is(err, pairing.ErrPaused):
 		return c.s.paused(c.ctx, c.tid)
 	case errors.Is(err, pairing.ErrTimeout):
-		return errf(http.StatusGatewayTimeout, CodeTimeout, "the tab did not answer in time")
+		if c.route == "/message" {
+			return errf(http.StatusGatewayTimeout, CodeTimeout, detailMessageTimeout)
+		}
+		return errf(http.StatusGatewayTimeout, CodeTimeout, detailTimeout)
 	case errors.Is(err, pairing.ErrClosed):
 		return errShuttingDown
 	case errors.As(err, &re):

@@ -49,7 +49,8 @@ var metaRoutes = map[string]metaHandler{
 
 func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, h metaHandler) {
 	if !s.corsHeaders(w, r, h.method) {
-		e := errf(http.StatusForbidden, CodeForbiddenOrigin, "origin "+r.Header.Get("Origin")+" may not call "+path)
+		e := errf(http.StatusForbidden, CodeForbiddenOrigin, "Origin "+strconv.Quote(r.Header.Get("Origin"))+" may not call "+path+
+			": only lapd's own origin and the origins it is configured with are allowed (lapd serve --origins, or Config.Origins for an embedded lapd); add the app's origin there")
 		s.auditRefusal(r.Context(), r, "", path, e)
 		writeError(w, e)
 		return
@@ -85,14 +86,14 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		if r.ContentLength > MaxMetaBody {
-			e := errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+			e := errMetaTooLarge
 			s.auditRefusal(m.ctx, m.r, "", path, e)
 			writeError(w, e)
 			return
 		}
 		b, err := io.ReadAll(io.LimitReader(r.Body, MaxMetaBody+1))
 		if err != nil || len(b) > MaxMetaBody {
-			e := errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "body over the limit")
+			e := errMetaTooLarge
 			if err != nil {
 				e = bodyReadError(err)
 			}
@@ -116,6 +117,15 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	writeJSON(w, res)
+}
+
+var errMetaTooLarge = errf(http.StatusRequestEntityTooLarge, CodePayloadTooLarge,
+	"the request body is over the 64 KiB limit of lapd's meta routes; send a smaller body (resume/list reads at most 100 tids)")
+
+// mintLimited is the 429 of a mint or resume/claim over the mint rate.
+func (s *Server) mintLimited(ms int64) *apiError {
+	return &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: ms,
+		detail: "too many mints: lapd allows " + s.mintRateText + "; wait " + strconv.FormatInt(retrySeconds(ms), 10) + " s (Retry-After) and try again"}
 }
 
 // requestOrigin is scheme://host of the request URL; X-Forwarded-Proto/Host
@@ -166,7 +176,7 @@ func (s *Server) mint(m *metaCall) (any, *apiError) {
 	}
 	_ = json.Unmarshal(m.body, &b)
 	if ok, ms := s.mintRate.allow(s.rateKey(m)); !ok {
-		return nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: ms}
+		return nil, s.mintLimited(ms)
 	}
 	var token, tab string
 	var rec tokens.Record
@@ -258,12 +268,14 @@ func (s *Server) resumeClaim(m *metaCall) (any, *apiError) {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, "tid required")
 	}
 	if ok, ms := s.mintRate.allow(s.rateKey(m)); !ok {
-		return nil, &apiError{status: http.StatusTooManyRequests, code: CodeRateLimited, retryAfter: ms}
+		return nil, s.mintLimited(ms)
 	}
 	token, tab, rec, err := s.cfg.Tokens.Claim(m.ctx, tid, m.page, ownerOf(m))
 	if err != nil {
 		if errors.Is(err, tokens.ErrForbidden) || errors.Is(err, tokens.ErrNotFound) || errors.Is(err, tokens.ErrExpired) || errors.Is(err, tokens.ErrRevoked) {
-			detail := ""
+			// The same answer whether the tid is unknown, expired or someone
+			// else's: a caller learns nothing about other users' sessions.
+			detail := "this session cannot be claimed: only the signed-in user who minted it may claim it, from the page that minted it, inside its grace window; mint a new session instead"
 			if m.uid == "" {
 				detail = "an anonymous session is claimed with its tabSecret (or, minted without one, its token), from the page that minted it, inside its grace window"
 			}

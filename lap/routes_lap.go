@@ -87,7 +87,7 @@ func timeoutMs(raw json.RawMessage, def time.Duration) time.Duration {
 func routeDescribe(c *call) (any, *apiError) {
 	h, ok := c.s.cfg.Registry.Hello(c.tid)
 	if !ok {
-		return nil, c.s.paused(c.ctx, c.tid)
+		return nil, c.noHello()
 	}
 	c.audit = map[string]any{"tool": "describe_app"}
 	return json.RawMessage(c.s.descs.get(c.tid, h)), nil
@@ -132,11 +132,16 @@ func (o observeResp) writeTo(w http.ResponseWriter) {
 func (o observeResp) release() { o.reply.Release() }
 
 func routeObserve(c *call) (any, *apiError) {
+	// No hello, no observe (as the reference): the tab is not asked for a
+	// state nobody would receive.
+	if _, ok := c.s.cfg.Registry.Hello(c.tid); !ok {
+		return nil, c.noHello()
+	}
 	// The result (the app's whole state) is read in place in the buffer it
 	// arrived in, and spliced into the response: never decoded, not copied
-	// out first. The call comes first: in a cluster its reply tells this
-	// node the tab's hello generation, so the description below is the one
-	// that goes with the state.
+	// out first. The hello is read again after the call: in a cluster its
+	// reply tells this node the tab's hello generation, so the description
+	// below is the one that goes with the state.
 	start := c.rpcStart()
 	reply, err := c.s.cfg.Registry.CallReply(c.ctx, c.tid, "observe", emptyArgs, 0)
 	c.rpcDone("observe", start, err)
@@ -146,7 +151,7 @@ func routeObserve(c *call) (any, *apiError) {
 	h, ok := c.s.cfg.Registry.Hello(c.tid)
 	if !ok {
 		reply.Release()
-		return nil, c.s.paused(c.ctx, c.tid)
+		return nil, c.noHello()
 	}
 	c.audit = map[string]any{"tool": "observe"}
 	return observeResp{result: reply.Data, reply: reply, desc: c.s.descs.get(c.tid, h), health: c.s.cfg.Registry.Health(c.tid)}, nil

@@ -144,9 +144,11 @@ func (c *call) message(b *messageBody, sm splitMsg, reason, key string) (any, *a
 	case "rejected":
 		c.auditOutcome(audit.EventMsgBlocked, map[string]any{"variant": variant, "status": out.Status})
 		return res, nil
-	default:
+	case "dispatched", "confirmed":
 		c.auditOutcome(audit.EventMsgDispatched, map[string]any{"variant": variant, "status": out.Status})
 		return res, nil
+	default:
+		return nil, unknownStatus(res, "send_message")
 	}
 	if out.ConfirmID == "" {
 		return nil, errf(http.StatusInternalServerError, CodeInternal, "the tab proposed a confirmation without a confirmId")
@@ -218,9 +220,25 @@ func (c *call) resyncApproval(id string) {
 	}
 }
 
+// approvalContext bounds an approval wait: wait, lapd draining, or the
+// tab's socket closing (as the reference's confirm waits, which resolve as
+// timeout on close). Only the wait ends: the approval stays pending and is
+// shown again when the tab re-pairs.
+func (c *call) approvalContext(wait time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := c.s.pollContext(c.ctx, wait)
+	if f := c.s.testApprovalWait.Load(); f != nil {
+		(*f)()
+	}
+	if c.gone == nil {
+		return ctx, cancel
+	}
+	stop := context.AfterFunc(c.gone, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
 // awaitConfirm long-polls an approval; done=false when it is still pending.
 func (c *call) awaitConfirm(confirmID, variant string, wait time.Duration) (any, bool) {
-	ctx, cancel := c.s.pollContext(c.ctx, wait)
+	ctx, cancel := c.approvalContext(wait)
 	defer cancel()
 	r, err := c.s.cfg.Confirm.Wait(ctx, c.tid, confirmID)
 	if err != nil {
@@ -260,9 +278,14 @@ func routeConfirmResult(c *call) (any, *apiError) {
 	}
 	wait := timeoutMs(b.TimeoutMs, 5*time.Second)
 	c.audit = map[string]any{"tool": "get_confirm_result", "confirmId": id}
-	ctx, cancel := c.s.pollContext(c.ctx, wait)
+	ctx, cancel := c.approvalContext(wait)
 	defer cancel()
 	_, err := c.s.cfg.Confirm.Wait(ctx, c.tid, id)
+	if errors.Is(err, confirm.ErrUnknown) && c.gone != nil && c.gone.Err() != nil {
+		// The tab closed: in a cluster the read of an id this node does not
+		// hold was cut short with the wait, so "unknown" is not known.
+		return json.RawMessage(`{"status":"still-pending"}`), nil
+	}
 	if errors.Is(err, confirm.ErrUnknown) {
 		return nil, errf(http.StatusBadRequest, CodeInvalid, "unknown confirmId "+id+" for this session (it was never proposed here, or its outcome is older than the keep window, 5 minutes by default): call observe to see the current state, and send_message again if the action is still wanted")
 	}
@@ -306,7 +329,42 @@ func routeWouldDispatch(c *call) (any, *apiError) {
 	if ae != nil {
 		return nil, ae
 	}
-	return res, nil
+	var status string
+	jsonscan.Object(res, func(k, v []byte) {
+		if string(k) == "status" {
+			status, _ = jsonscan.String(v)
+		}
+	})
+	switch status {
+	case "predicted", "rejected", "reducer-threw":
+		return res, nil
+	}
+	return nil, unknownStatus(res, "would_dispatch")
+}
+
+// unknownStatus is the 500 for a tab's reply whose status lapd does not
+// know (the reference: 500 internal "unknown browser status"). For
+// send_message the action may have run: marked in doubt, so a retry with the
+// same idempotencyKey is not dispatched again.
+func unknownStatus(res json.RawMessage, tool string) *apiError {
+	what := "a reply that is not a JSON object"
+	if t := trimSpace(res); len(t) > 0 && t[0] == '{' {
+		what = "a status lapd does not know"
+		var st struct {
+			Status json.RawMessage `json:"status"`
+		}
+		if json.Unmarshal(t, &st) == nil && len(st.Status) > 0 && len(st.Status) <= 64 {
+			what = "status " + string(st.Status) + ", which lapd does not know"
+		}
+	}
+	if tool == "would_dispatch" {
+		return errf(http.StatusInternalServerError, CodeInternal, "unknown browser status: the app's lapd client answered would_dispatch with "+what+
+			" (expected predicted, rejected or reducer-threw); the app's client may be newer or older than this lapd: call observe, and tell the user if it keeps happening")
+	}
+	e := errf(http.StatusInternalServerError, CodeInternal, "unknown browser status: the app's lapd client answered send_message with "+what+
+		" (expected dispatched, rejected or pending-confirmation), and the action may have run: call observe to see whether it took effect before sending it again")
+	e.inDoubt = true
+	return e
 }
 
 // tabStatus reads a send_message result's status; the usual ones without

@@ -38,6 +38,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -111,6 +112,15 @@ type Server struct {
 
 	tabsMu sync.Mutex
 	tabs   map[string]struct{}
+
+	tabGone tabGone // approval waits end when the tab's socket closes
+	// testApprovalWait, set by tests only, runs when an approval wait is
+	// about to start.
+	testApprovalWait atomic.Pointer[func()]
+	skew             skewSet // tids whose tab was refused for its LAP version
+
+	// lapRateText and mintRateText say the rate limits in 429 details.
+	lapRateText, mintRateText string
 
 	shedLogMu sync.Mutex
 	shedLogAt time.Time
@@ -192,6 +202,8 @@ func New(cfg Config) (*Server, error) {
 		tabs:     map[string]struct{}{},
 	}
 	s.drainCtx, s.drainCancel = context.WithCancel(context.Background())
+	s.lapRateText = "this session (its token) may make " + rateText(cfg.LAPRate, cfg.LAPBurst, "calls")
+	s.mintRateText = rateText(cfg.MintRate, cfg.MintBurst, "mints and resume/claims") + " per signed-in user (per client address when anonymous)"
 	if s.log == nil {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -202,8 +214,9 @@ func New(cfg Config) (*Server, error) {
 	s.idem.onShed = func(tid string, n int) { s.logShed("idempotency", tid, n) }
 	s.policies.onEvict = func(n int) { s.logShed("compiled policy", "", n) }
 	cfg.Registry.SetHooks(pairing.Hooks{
-		OnPaired:          s.onPaired,
-		OnClosed:          s.onClosed,
+		OnPaired:          s.onTabPaired,
+		OnClosed:          s.onTabClosed,
+		OnVersionSkew:     s.skew.add,
 		OnConfirmResolved: s.onConfirmResolved,
 		OnLogAppend:       s.onLogAppend,
 		OnAdmit:           s.lapRate.allow,

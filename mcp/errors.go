@@ -87,7 +87,7 @@ func fromLAP(err error, base string) *toolError {
 	}
 	e := &toolError{Code: le.Code, Detail: le.Detail, RetryAfter: le.RetryAfter, Reconnect: le.Reconnect}
 	switch le.Code {
-	case "paused", "revoked":
+	case "paused", "revoked", "auth-failed", "rate-limited", "timeout":
 		// LAP's detail for these is the same advice in words for bridges
 		// that show only code and detail; the hint below says it already.
 		e.Detail = ""
@@ -127,6 +127,9 @@ func fromLAP(err error, base string) *toolError {
 		e.Hint = "the app reused the id of an approval that is still waiting; ask the user to answer it in the app (or reload the app), then try again."
 	case "payload-too-large":
 		e.Hint = "the request is too large; send a smaller payload."
+		if le.Detail != "" { // LAP's names the limit
+			e.Hint, e.detailInHint = strings.TrimSuffix(le.Detail, ".")+".", true
+		}
 	case CodeNetwork:
 		where := "lapd"
 		if base != "" {

@@ -276,6 +276,10 @@ type Hooks struct {
 	// per-tid rate limit), on the node that holds the tab: Admit calls it
 	// here, or on the owner in a cluster. nil = always.
 	OnAdmit func(tid string) (ok bool, retryAfterMs int64)
+	// OnVersionSkew runs when tid's tab is refused for its hello.lapVersion
+	// (< MinClientVersion, closed CloseVersionSkew), before its calls fail
+	// and OnClosed runs: a retry never helps, the app's client is too old.
+	OnVersionSkew func(tid string)
 }
 
 // Config configures a Registry. Zero values mean the documented defaults.
@@ -1122,6 +1126,9 @@ func (r *Registry) DropRevoked(tid string) {
 // drop removes tid at once: the live socket (if any) gets {t:'revoked'} when
 // code is CloseRevoked, and is closed with code.
 func (r *Registry) drop(tid string, code int, reason, auditReason string) {
+	if h := r.hooks.Load(); code == CloseVersionSkew && h.OnVersionSkew != nil {
+		h.OnVersionSkew(tid)
+	}
 	r.mu.Lock()
 	s := r.sessions[tid]
 	r.mu.Unlock()

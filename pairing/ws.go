@@ -251,7 +251,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	if !r.originAllowed(req) {
-		r.refuse(w, req, http.StatusForbidden, "forbidden-origin", "Origin "+strconv.Quote(req.Header.Get("Origin"))+" is not allowed", "")
+		r.refuse(w, req, http.StatusForbidden, "forbidden-origin", "Origin "+strconv.Quote(req.Header.Get("Origin"))+" is not allowed: only lapd's own origin and the origins it is configured with may open the socket (lapd serve --origins, or Config.Origins for an embedded lapd); add the app's origin there", "")
 		return
 	}
 	token := bearer(req)
