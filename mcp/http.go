@@ -182,9 +182,9 @@ func (h *HTTPHandler) Sessions() int { return h.sessions.len() }
 // Close ends open streams (GET listeners). The handler must not be used after.
 func (h *HTTPHandler) Close(ctx context.Context) error { return h.mcp.Shutdown(ctx) }
 
-func writeJSONError(w http.ResponseWriter, status int, code string, retryAfter time.Duration) {
+func writeJSONError(w http.ResponseWriter, status int, code string, retryAfter time.Duration, detail string) {
 	w.Header().Set("Content-Type", "application/json")
-	body := map[string]any{"code": code}
+	body := map[string]any{"code": code, "detail": detail}
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(seconds(retryAfter)))
 		body["retryAfterMs"] = retryAfter.Milliseconds()
@@ -235,7 +235,7 @@ type reservationKey struct{}
 func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !h.hosts.Allowed(r) {
 		h.audit(r, audit.EventRefused, map[string]any{"status": http.StatusForbidden, "code": "forbidden-host", "host": r.Host})
-		writeJSONError(w, http.StatusForbidden, "forbidden-host", 0)
+		writeJSONError(w, http.StatusForbidden, "forbidden-host", 0, "Host "+strconv.Quote(r.Host)+" is not served on this loopback address (DNS-rebinding protection); use localhost or 127.0.0.1, or add the name with lapd serve --hosts")
 		return
 	}
 	if rid := r.Header.Get("X-Request-Id"); rid != "" && audit.ValidRequestID(rid) {
@@ -243,7 +243,7 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !h.originAllowed(r) {
 		h.audit(r, audit.EventRefused, map[string]any{"status": http.StatusForbidden, "code": "forbidden-origin", "origin": r.Header.Get("Origin")})
-		writeJSONError(w, http.StatusForbidden, "forbidden-origin", 0)
+		writeJSONError(w, http.StatusForbidden, "forbidden-origin", 0, "Origin "+strconv.Quote(r.Header.Get("Origin"))+" may not use this MCP endpoint; a page on another origin needs lapd serve --origins (Config.Origins), MCP clients send no Origin")
 		return
 	}
 	if r.Method == http.MethodPost {
@@ -252,10 +252,10 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {
 				h.audit(r, audit.EventRefused, map[string]any{"status": http.StatusRequestEntityTooLarge, "code": "payload-too-large"})
-				writeJSONError(w, http.StatusRequestEntityTooLarge, "payload-too-large", 0)
+				writeJSONError(w, http.StatusRequestEntityTooLarge, "payload-too-large", 0, "the request body is over "+humanBytes(int(h.cfg.MaxBodyBytes))+", this endpoint's limit; send a smaller request")
 				return
 			}
-			writeJSONError(w, http.StatusBadRequest, "invalid", 0)
+			writeJSONError(w, http.StatusBadRequest, "invalid", 0, "the request body could not be read; send it again")
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -337,7 +337,7 @@ func (h *HTTPHandler) allocate(w http.ResponseWriter, r *http.Request) {
 	if d := res.Delay(); d > 0 {
 		res.Cancel()
 		h.audit(r, audit.EventRateLimited, map[string]any{"reason": "session-create"})
-		writeJSONError(w, http.StatusTooManyRequests, "rate-limited", d)
+		writeJSONError(w, http.StatusTooManyRequests, "rate-limited", d, "too many new MCP sessions from this address; wait "+strconv.Itoa(seconds(d))+" s (Retry-After), or reuse the session you have")
 		return
 	}
 	rv, evicted, ok := h.sessions.reserve(ip, isLoopback(addr))
@@ -347,7 +347,7 @@ func (h *HTTPHandler) allocate(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		h.audit(r, audit.EventRateLimited, map[string]any{"reason": "session-capacity"})
 		w.Header().Set("Retry-After", "30")
-		writeJSONError(w, http.StatusServiceUnavailable, "session-capacity", 0)
+		writeJSONError(w, http.StatusServiceUnavailable, "session-capacity", 0, "every MCP session slot is being initialized right now; retry in 30 s (Retry-After)")
 		return
 	}
 	defer h.sessions.release(rv)

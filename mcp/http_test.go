@@ -288,6 +288,18 @@ func TestHTTPOrigin(t *testing.T) {
 	if !hh.audit.has(audit.EventRefused, "code", "forbidden-origin") {
 		t.Fatal("origin refusal not audited")
 	}
+	// The refusal says what to do.
+	req, _ := http.NewRequest(http.MethodPost, hh.srv.URL, strings.NewReader(initBody))
+	req.Header.Set("Origin", "https://evil.example")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `"forbidden-origin"`) || !strings.Contains(string(b), "--origins") {
+		t.Fatalf("origin refusal %s: want a detail naming --origins", b)
+	}
 	if r := hh.raw(http.MethodPost, "", initBody, map[string]string{"Origin": "https://app.example"}); r.StatusCode != http.StatusOK {
 		t.Fatalf("allowed origin: %d", r.StatusCode)
 	}
