@@ -1,7 +1,6 @@
 package lapd
 
 import (
-	"container/list"
 	"net"
 	"net/http"
 	"strconv"
@@ -42,9 +41,13 @@ const (
 type connLimits struct {
 	perClient, total int // ≤ 0: no cap
 
+	// byConn is read on every request (a connection turning busy or idle)
+	// without a lock; mu guards the counts and clients, which change only
+	// when a connection opens or ends.
+	byConn  sync.Map // net.Conn → *connEntry, the counted connections
+	seq     atomic.Uint64
 	mu      sync.Mutex
-	byConn  map[net.Conn]*connEntry // counted connections
-	clients map[string]*connClient  // by client key
+	clients map[string]*connClient // by client key
 	open    int
 
 	refused, reaped atomic.Int64
@@ -53,19 +56,20 @@ type connLimits struct {
 	logWarn         func(msg string, args ...any)
 }
 
-// connEntry is one counted connection; idle is its place in its client's
-// idle list while no request is being served on it (from accept, and
-// between keep-alive requests: net/http calls a connection active once a
-// request's headers are read).
+// connEntry is one counted connection. busy is set while a request is
+// being served on it (net/http calls a connection active once a request's
+// headers are read, idle when it is done); idleSeq orders idle ones, the
+// smallest idle the longest. A connection that has not sent a whole
+// request's headers yet is idle.
 type connEntry struct {
-	c    net.Conn
-	key  string
-	idle *list.Element
+	c       net.Conn
+	key     string
+	busy    atomic.Bool
+	idleSeq atomic.Uint64
 }
 
 type connClient struct {
-	n    int
-	idle list.List // of *connEntry, longest idle first
+	conns map[*connEntry]struct{}
 }
 
 // newConnLimits resolves the configured caps: per client 0 = the default,
@@ -87,7 +91,7 @@ func newConnLimits(cfg Config) *connLimits {
 			total = int(min(n, 1<<22) * 3 / 4)
 		}
 	}
-	return &connLimits{perClient: per, total: total, byConn: map[net.Conn]*connEntry{}, clients: map[string]*connClient{}}
+	return &connLimits{perClient: per, total: total, clients: map[string]*connClient{}}
 }
 
 // ConnState enforces the connection caps (see Config.MaxConnsPerClient);
@@ -95,83 +99,94 @@ func newConnLimits(cfg Config) *connLimits {
 // does, on both its listeners). Without it, nothing is capped.
 //
 // A client at its cap that opens another connection gets it, and its
-// connection idle the longest (one that has not sent a whole request's
-// headers yet counts as idle) is closed: holding idle keep-alive
+// connection idle the longest is closed: holding idle keep-alive
 // connections gains nothing (one local process holding 256 of them locked
 // every other local client out). Only when all of them are serving a
-// request is the new one refused.
+// request is the new one refused. Per request this costs a lock-free map
+// read and two atomic stores.
 func (s *Server) ConnState(c net.Conn, st http.ConnState) {
 	l := s.conns
 	switch st {
 	case http.StateNew:
-		key := clientip.Key(remoteHost(c))
-		var victim net.Conn
-		why := ""
-		l.mu.Lock()
-		cl := l.clients[key]
-		if cl == nil {
-			cl = &connClient{}
-			l.clients[key] = cl
+		l.accept(c)
+	case http.StateActive:
+		if v, ok := l.byConn.Load(c); ok {
+			v.(*connEntry).busy.Store(true)
 		}
-		if l.perClient > 0 && cl.n >= l.perClient {
-			if front := cl.idle.Front(); front != nil {
-				e := front.Value.(*connEntry)
-				victim = e.c
-				l.forgetLocked(e, cl)
-			} else {
-				why = "your address has " + strconv.Itoa(cl.n) + " connections open to lapd, each serving a request, its limit per client (--max-conns-per-client); retry when one has finished"
+	case http.StateIdle:
+		if v, ok := l.byConn.Load(c); ok {
+			e := v.(*connEntry)
+			e.idleSeq.Store(l.seq.Add(1))
+			e.busy.Store(false)
+		}
+	case http.StateHijacked, http.StateClosed:
+		if v, ok := l.byConn.LoadAndDelete(c); ok {
+			l.mu.Lock()
+			l.forgetLocked(v.(*connEntry))
+			l.mu.Unlock()
+		}
+	}
+}
+
+// accept counts a new connection, making room or refusing it at a cap.
+func (l *connLimits) accept(c net.Conn) {
+	key := clientip.Key(remoteHost(c))
+	var victim *connEntry
+	why := ""
+	l.mu.Lock()
+	cl := l.clients[key]
+	if cl == nil {
+		cl = &connClient{conns: map[*connEntry]struct{}{}}
+		l.clients[key] = cl
+	}
+	if l.perClient > 0 && len(cl.conns) >= l.perClient {
+		for e := range cl.conns { // the one idle the longest
+			if !e.busy.Load() && (victim == nil || e.idleSeq.Load() < victim.idleSeq.Load()) {
+				victim = e
 			}
 		}
-		if why == "" && l.total > 0 && l.open >= l.total {
-			why = "lapd has " + strconv.Itoa(l.open) + " connections open, its limit (--max-conns); retry in a few seconds"
-		}
-		if why == "" {
-			e := &connEntry{c: c, key: key}
-			e.idle = cl.idle.PushBack(e)
-			l.byConn[c] = e
-			cl.n++
-			l.open++
-		} else if cl.n == 0 {
-			delete(l.clients, key)
-		}
-		l.mu.Unlock()
 		if victim != nil {
-			l.reaped.Add(1)
-			_ = victim.Close()
+			l.byConn.Delete(victim.c)
+			l.forgetLocked(victim)
+		} else {
+			why = "your address has " + strconv.Itoa(len(cl.conns)) + " connections open to lapd, each serving a request, its limit per client (--max-conns-per-client); retry when one has finished"
 		}
-		if why != "" {
-			l.refuse(c, key, why)
-		}
-	case http.StateActive:
-		l.mu.Lock()
-		if e := l.byConn[c]; e != nil && e.idle != nil {
-			l.clients[e.key].idle.Remove(e.idle)
-			e.idle = nil
-		}
-		l.mu.Unlock()
-	case http.StateIdle:
-		l.mu.Lock()
-		if e := l.byConn[c]; e != nil && e.idle == nil {
-			e.idle = l.clients[e.key].idle.PushBack(e)
-		}
-		l.mu.Unlock()
-	case http.StateHijacked, http.StateClosed:
-		l.mu.Lock()
-		if e := l.byConn[c]; e != nil {
-			l.forgetLocked(e, l.clients[e.key])
-		}
-		l.mu.Unlock()
+	}
+	if why == "" && l.total > 0 && l.open >= l.total {
+		why = "lapd has " + strconv.Itoa(l.open) + " connections open, its limit (--max-conns); retry in a few seconds"
+	}
+	if why == "" {
+		e := &connEntry{c: c, key: key}
+		e.idleSeq.Store(l.seq.Add(1))
+		cl.conns[e] = struct{}{}
+		l.clients[key] = cl
+		l.byConn.Store(c, e)
+		l.open++
+	} else if len(cl.conns) == 0 {
+		delete(l.clients, key)
+	}
+	l.mu.Unlock()
+	if victim != nil {
+		l.reaped.Add(1)
+		_ = victim.c.Close()
+	}
+	if why != "" {
+		l.refuse(c, key, why)
 	}
 }
 
 // forgetLocked stops counting e (closed, upgraded, or closed to make room).
-func (l *connLimits) forgetLocked(e *connEntry, cl *connClient) {
-	delete(l.byConn, e.c)
-	if e.idle != nil {
-		cl.idle.Remove(e.idle)
-		e.idle = nil
+// Caller holds mu and has taken e out of byConn.
+func (l *connLimits) forgetLocked(e *connEntry) {
+	cl := l.clients[e.key]
+	if cl == nil {
+		return
 	}
-	if cl.n--; cl.n <= 0 {
+	if _, ok := cl.conns[e]; !ok {
+		return
+	}
+	delete(cl.conns, e)
+	if len(cl.conns) == 0 {
 		delete(l.clients, e.key)
 	}
 	l.open--
