@@ -190,20 +190,24 @@ func TestConfirmResultEndsOnClose(t *testing.T) {
 
 // Error details say what to do (the reference's bridge shows the model only
 // code and detail).
+
+// detailCase is an answer and what its detail must say (and not echo).
+type detailCase struct {
+	name   string
+	r      resp
+	status int
+	code   string
+	want   []string
+	not    string
+}
+
 func TestErrorDetails(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *envCfg) { c.lap.LAPBurst = 1; c.lap.MintBurst = 2 })
 	token, _, _ := e.paired()
 	bogus := "agt_" + strings.Repeat("A", 43)
 	big := `{"text":"` + strings.Repeat("x", 1<<20) + `"}`
-	tests := []struct {
-		name   string
-		r      resp
-		status int
-		code   string
-		want   []string
-		not    string
-	}{
+	tests := []detailCase{
 		{"basic auth", e.do("POST", "/agent/lap/v1/actions", "", "", "Authorization", "Basic eDp5"), 401, "auth-failed", []string{"Bearer scheme"}, ""},
 		{"no header", e.do("POST", "/agent/lap/v1/actions", "", ""), 401, "auth-failed", []string{"Authorization: Bearer"}, ""},
 		{"unknown token", e.lapCall(bogus, "/actions", ""), 401, "auth-failed", []string{"unknown or expired", "resume/claim", "new connect line"}, bogus},
@@ -217,26 +221,12 @@ func TestErrorDetails(t *testing.T) {
 	if r := e.lapCall(token, "/actions", ""); r.status != 200 {
 		t.Fatalf("first call: %d %s", r.status, r.body)
 	}
-	tests = append(tests, struct {
-		name   string
-		r      resp
-		status int
-		code   string
-		want   []string
-		not    string
-	}{"LAP rate", e.lapCall(token, "/actions", ""), 429, "rate-limited", []string{"30 calls a minute (bursts of 1)", "Retry-After", "wait 2 s"}, ""})
+	tests = append(tests, detailCase{"LAP rate", e.lapCall(token, "/actions", ""), 429, "rate-limited", []string{"30 calls a minute (bursts of 1)", "Retry-After", "wait 2 s"}, ""})
 	var mint resp
 	for range 3 {
 		mint = e.do("POST", "/agent/mint", "", "")
 	}
-	tests = append(tests, struct {
-		name   string
-		r      resp
-		status int
-		code   string
-		want   []string
-		not    string
-	}{"mint rate", mint, 429, "rate-limited", []string{"30 mints and resume/claims a minute (bursts of 2)", "wait 2 s"}, ""})
+	tests = append(tests, detailCase{"mint rate", mint, 429, "rate-limited", []string{"30 mints and resume/claims a minute (bursts of 2)", "wait 2 s"}, ""})
 	for _, tc := range tests {
 		if tc.r.status != tc.status || tc.r.code() != tc.code {
 			t.Errorf("%s: %d %s, want %d %s", tc.name, tc.r.status, tc.r.body, tc.status, tc.code)
