@@ -53,7 +53,10 @@ func serve(ctx context.Context, addr, dataDir string) error {
 		app.agent.Shutdown(context.Background())
 		return err
 	}
-	hs := &http.Server{Handler: app.mux, ReadHeaderTimeout: 10 * time.Second}
+	// ConnState caps the connections one client keeps open (its
+	// longest-idle one makes room for a new one); IdleTimeout bounds idle
+	// keep-alives.
+	hs := &http.Server{Handler: app.mux, ConnState: app.agent.ConnState, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	fmt.Fprintf(os.Stderr, "embed-go listening on http://%s\n", ln.Addr())
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
