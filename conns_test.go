@@ -66,7 +66,9 @@ func waitOpen(t *testing.T, a *lapd.Server, want int) {
 func TestConnectionsPerClient(t *testing.T) {
 	t.Parallel()
 	s := &sink{}
-	a, err := lapd.New(ctxT(t), lapd.Config{AllowAnonymous: true, MaxConnsPerClient: 3, AuditSinks: []audit.Sink{s}})
+	cfg := lapd.Config{AllowAnonymous: true, MaxConnsPerClient: 3, AuditSinks: []audit.Sink{s}}
+	cfg.Admin.Enabled = true
+	a, err := lapd.New(ctxT(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,6 +150,15 @@ func TestConnectionsPerClient(t *testing.T) {
 		return e.Event == audit.EventRefused && e.Detail["code"] == "too-many-connections"
 	}); len(es) == 0 {
 		t.Fatal("refusal not audited")
+	}
+	adm := httptest.NewServer(a.AdminHandler()) // (no ConnState: not counted)
+	defer adm.Close()
+	fams, _ := scrape(t, adm.URL, "")
+	_, refused, reaped := a.OpenConns()
+	if value(fams, "lapd_http_connections") != 3 || value(fams, "lapd_http_connections_closed_total", "reason", "refused") != float64(refused) ||
+		value(fams, "lapd_http_connections_closed_total", "reason", "made-room") != float64(reaped) || reaped != 2 {
+		t.Fatalf("metrics: open %v refused %v made-room %v (reaped %d)", value(fams, "lapd_http_connections"),
+			value(fams, "lapd_http_connections_closed_total", "reason", "refused"), value(fams, "lapd_http_connections_closed_total", "reason", "made-room"), reaped)
 	}
 	free()
 	for _, c := range busy {

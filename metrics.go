@@ -289,6 +289,8 @@ var collectorMetrics = []struct {
 	{"lapd_audit_sink_failures_total", "Audit entry writes a sink failed (the entry is not stored there; the log says which sink).", nil},
 	{"lapd_audit_dropped_total", "Audit entries dropped because the audit queue stayed full (each is counted in an audit-overflow entry).", nil},
 	{"lapd_audit_queue_entries", "Audit entries waiting for the audit writer now.", nil},
+	{"lapd_http_connections", "HTTP connections open now, as counted for --max-conns-per-client and --max-conns (upgraded WebSockets are not; 0 when the server does not use Server.ConnState).", nil},
+	{"lapd_http_connections_closed_total", "HTTP connections lapd ended at the connection caps, by reason (refused: answered 503 too-many-connections; made-room: a client at its cap opened another, its longest-idle one was closed).", []string{"reason"}},
 	{"lapd_draining", "1 while lapd shuts down (new calls get 503), else 0.", nil},
 	{"lapd_cluster_forwarded_total", "Cluster: requests this node sent to the node holding a tab, by outcome (sent; no-responders: no node held it, answered paused; failed: timeout or NATS error). Only with --nats.", []string{"outcome"}},
 	{"lapd_cluster_served_total", "Cluster: requests from other nodes served for tabs held here. Only with --nats.", nil},
@@ -340,6 +342,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter("lapd_ws_closes_total", st.HellosTooBig, "hello-too-big")
 	counter("lapd_memory_releases_total", st.MemoryReleases)
 	counter("lapd_ws_frames_throttled_total", st.Throttled)
+	open, refused, reaped := s.OpenConns()
+	gauge("lapd_http_connections", float64(open))
+	counter("lapd_http_connections_closed_total", refused, "refused")
+	counter("lapd_http_connections_closed_total", reaped, "made-room")
 	cs, ls := s.confirm.Stats(), s.lap.Stats()
 	gauge("lapd_approvals_pending", float64(cs.Pending))
 	b := s.budgets
