@@ -148,8 +148,14 @@ func browserChain(t *testing.T, transport string) {
 		tab.shot("feed")
 	}
 
-	// wait_for_change without a path: what changed since the model's last
-	// look (the human adds tasks through the page's form), not the board.
+	// wait_for_change without a path, on a board over 1 KiB (the model
+	// adds 15 tasks in one batch): what changed since the model's last look
+	// (the human adds tasks through the page's form), not the board.
+	var many []any
+	for i := range 15 {
+		many = append(many, map[string]any{"type": "addTask", "title": fmt.Sprintf("Batch task %d with a title long enough to count", i+1)})
+	}
+	browserOK(t, mc, "send_message", args("msgs", many))
 	n := 0
 	wres = waitWhileHuman(t, tab, mc, args("timeoutMs", 15000), func() {
 		n++

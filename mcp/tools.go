@@ -322,7 +322,7 @@ func catalogue(mode Mode) []toolDef {
 				"Returns {status:\"changed\", value} (the part at path; without path, stateDiff: what changed since you last saw the state, or stateAfter, the whole state) or {status:\"timeout\"}.",
 			readOnly: true, idempotent: true,
 			props:  []prop{{name: "path", schema: strMax("JSON Pointer to watch (omit for all).", 1024)}, {name: "timeoutMs", schema: integer("Wait this long (default 10000).", 0, MaxTimeoutMs)}},
-			out:    []prop{out("status", "string", "changed | timeout."), out("value", "", "With path: the value there after the change (found:false: none)."), out("stateDiff", "array", "Without path: JSON Patch from the state your results last showed you (as send_message's), when shorter than the state."), out("stateAfter", "", "Without path: the whole state, when lapd cannot tell what you saw or it is shorter.")},
+			out:    []prop{out("status", "string", "changed | timeout."), out("value", "", "With path: the value there after the change (found:false: none)."), out("stateDiff", "array", "Without path, for a state over 1 KiB: JSON Patch from the state your results last showed you (as send_message's), when shorter than the state."), out("stateAfter", "", "Without path: the whole state, when it is small or shorter, or lapd cannot tell what you saw.")},
 			route:  "/wait",
 			budget: budgetWait,
 		},

@@ -21,8 +21,9 @@ import (
 // sees a change decodes them once and answers with the patch from that view
 // to the state now, in send_message's form: what changed since the model
 // last looked, including changes it did not see (the user's, made before
-// the wait began). The whole state goes instead when it is not longer than
-// the patch, or when the view is not known: on another cluster node, after a
+// the wait began). The whole state goes instead when it is small (at most
+// stateBudget, 1 KiB: as LAP and the reference answer), when it is not
+// longer than the patch, or when the view is not known: on another cluster node, after a
 // result that showed only part of the state (get_state, a path), or beyond
 // maxViewBytes / maxViewOpsBytes. Parts of a first look left out for size
 // (stateOmitted) are in the view: a change there comes as a patch too.
@@ -297,8 +298,8 @@ func sortedKeys(m map[string]any) []string {
 }
 
 // waitDiff renders a /wait answer without a path as the patch from the
-// model's view of b's state to stateAfter, when that is known and shorter
-// than the state; nil otherwise (the caller sends the answer as it came).
+// model's view of b's state to stateAfter, when that is known, the state is
+// over stateBudget and the patch is shorter; nil otherwise (the caller sends the answer as it came).
 // Either way stateAfter becomes the view.
 func (e *Executor) waitDiff(b Binding, raw []byte) []byte {
 	ms, ok := members(raw)
@@ -310,7 +311,7 @@ func (e *Executor) waitDiff(b Binding, raw []byte) []byte {
 		return nil
 	}
 	var out []byte
-	if b.view != nil {
+	if b.view != nil && len(after) > stateBudget { // a small state is sent whole, as LAP answered
 		if patch, ok := viewDiff(b.view, b.viewOps, after); ok && len(patch) < len(after) {
 			o := newObj(make([]byte, 0, len(patch)+40))
 			o.str("status", "changed")

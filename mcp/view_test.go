@@ -83,6 +83,24 @@ func TestWaitForChangeWhole(t *testing.T) {
 	if out := h2.call("wait_for_change", nil); out.Text != `{"status":"changed","stateAfter":{"b":2}}` {
 		t.Fatalf("short state: %s", out.Text)
 	}
+
+	// A state of at most 1 KiB comes whole, as LAP (and the reference)
+	// answers, even where a patch would be shorter.
+	small := boardState(6, "all", nil)
+	if len(small) > stateBudget {
+		t.Fatalf("state of %d bytes is not small", len(small))
+	}
+	h3 := newHarness(t, nil)
+	h3.lap.on("/observe", func(int, fakeCall) (any, error) {
+		return json.RawMessage(`{"state":` + small + `,"actions":[],"description":{"name":"T"},"context":null,"health":{"connected":true}}`), nil
+	})
+	h3.connect(tokA)
+	h3.lap.on("/wait", func(int, fakeCall) (any, error) {
+		return json.RawMessage(`{"status":"changed","stateAfter":` + boardState(6, "all", map[int]bool{2: true}) + `}`), nil
+	})
+	if out := h3.call("wait_for_change", nil); out.SC["stateAfter"] == nil || out.SC["stateDiff"] != nil {
+		t.Fatalf("small state: %s", out.Text)
+	}
 }
 
 // viewDiff applies the shown patches and diffs like lapd.js's
