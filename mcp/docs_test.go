@@ -61,7 +61,7 @@ func renderToolsDoc() string {
 	w.WriteString("# lapd MCP tools\n\n")
 	w.WriteString("<!-- Generated from mcp/tools.go by `go test ./mcp -run TestToolsDoc -update`. Do not edit by hand. -->\n\n")
 	w.WriteString("lapd serves the same tools over stdio (`lapd mcp`, the bridge) and over Streamable HTTP at `/agent/mcp` (the endpoint). ")
-	w.WriteString("By default it lists the six **core** tools, which cover the whole flow (connect, act, approve, narrate); `--tools all` (on `lapd serve` and `lapd mcp`) lists all 16. ")
+	w.WriteString("By default it lists the six **core** tools, which cover the whole flow (connect, act, approve, narrate); `--tools all` (on `lapd serve` and `lapd mcp`) lists all 16. The other ten answer when called by name either way (a client or prompt written for the reference's bridge keeps working); only the list, which the model reads, is shorter. ")
 	w.WriteString("Every tool but `connect_session` takes an optional `session` argument.\n\n")
 	w.WriteString("## The lean flow\n\n")
 	w.WriteString(leanDoc)

@@ -94,7 +94,8 @@ type Executor struct {
 	client   lap.Client
 	bindings *Bindings
 	log      *slog.Logger
-	defs     []toolDef
+	defs     []toolDef       // every tool: all answer when called by name
+	listed   map[string]bool // the ones tools/list names (cfg.Tools)
 
 	// notified, if set, is told the MCP session a notification is about to
 	// be sent to (the /agent/mcp fast path leaves such sessions to mcp-go).
@@ -126,7 +127,12 @@ func NewExecutor(cfg Config) (*Executor, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Executor{cfg: cfg, client: cfg.Client, bindings: NewBindings(cfg.Bindings), log: log, defs: selectTools(catalogue(cfg.Mode), cfg.Tools)}, nil
+	all := catalogue(cfg.Mode)
+	listed := map[string]bool{}
+	for _, d := range selectTools(all, cfg.Tools) {
+		listed[d.name] = true
+	}
+	return &Executor{cfg: cfg, client: cfg.Client, bindings: NewBindings(cfg.Bindings), log: log, defs: all, listed: listed}, nil
 }
 
 // Bindings exposes the session table (for the HTTP handler and tests).

@@ -593,3 +593,26 @@ func TestInvalidSaysWhatIsWrong(t *testing.T) {
 		t.Fatalf("structured detail %v", e["detail"])
 	}
 }
+
+// tools/list names the core six by default, and every tool answers when
+// called by name (a client written for the reference's bridge calls
+// describe_app, list_actions, get_state, …).
+func TestUnlistedToolsAnswer(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *Config) { c.Tools = ToolsCore })
+	res, err := h.c.ListTools(context.Background(), mcpgo.ListToolsRequest{})
+	if err != nil || len(res.Tools) != 6 || res.Tools[0].Name != "connect_session" {
+		t.Fatalf("tools/list: %v, %d tools", err, len(res.Tools))
+	}
+	h.lap.on("/observe", observeWith(twoActions))
+	h.connect(tokA)
+	h.lap.on("/state", func(int, fakeCall) (any, error) { return json.RawMessage(`{"state":{"n":1}}`), nil })
+	if out := h.call("get_state", nil); out.IsError || mcpJSON(out.SC["state"]) != `{"n":1}` {
+		t.Fatalf("get_state, not listed: %s", out.Text)
+	}
+	req := mcpgo.CallToolRequest{}
+	req.Params.Name = "no_such_tool"
+	if res, err := h.c.CallTool(context.Background(), req); err == nil && !res.IsError {
+		t.Fatal("an unknown tool answered")
+	}
+}

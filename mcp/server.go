@@ -30,10 +30,24 @@ func newServer(cfg Config, extra ...mcpserver.ServerOption) (*mcpserver.MCPServe
 		order[d.name] = i
 	}
 	opts := []mcpserver.ServerOption{
-		// mcp-go lists tools by name; put them back in workflow order
-		// (connect_session first), which is also deterministic.
+		// tools/list names the tools of cfg.Tools (the core six by
+		// default: every listed byte is read by the model), in workflow
+		// order (connect_session first; mcp-go lists by name). All 16
+		// answer when called by name, so a client or prompt written for
+		// the reference's bridge (describe_app, list_actions, …) works
+		// without --tools all. mcp-go runs this filter for tools/list with
+		// every registered tool, and for a tools/call with the one called:
+		// a single tool is a call, let through.
 		mcpserver.WithToolFilter(func(_ context.Context, ts []mcpgo.Tool) []mcpgo.Tool {
-			out := slices.Clone(ts)
+			if len(ts) == 1 {
+				return ts
+			}
+			out := make([]mcpgo.Tool, 0, len(e.listed))
+			for _, t := range ts {
+				if e.listed[t.Name] {
+					out = append(out, t)
+				}
+			}
 			slices.SortStableFunc(out, func(a, b mcpgo.Tool) int { return rank(order, a.Name) - rank(order, b.Name) })
 			return out
 		}),

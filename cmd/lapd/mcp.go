@@ -19,7 +19,7 @@ func runMCP(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	var url, level, toolSet string
 	var readBudget time.Duration
 	fs := newFlagSet("lapd mcp", stdout, env)
-	fs.String(&toolSet, "tools", "core", "MCP tools listed: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
+	fs.String(&toolSet, "tools", "core", "MCP tools listed: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16); every tool answers when called by name")
 	fs.String(&url, "url", "", "default LAP base URL for connect_session when the model passes only a token (e.g. http://127.0.0.1:8787/agent/lap/v1)")
 	fs.String(&level, "log-level", "warn", "debug, info, warn, error (logs go to stderr)")
 	fs.Duration(&readBudget, "read-budget", 20*time.Second, "time budget of a read tool call")

@@ -99,7 +99,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.Bool(&c.Demo, "demo", true, "serve the demo app at /")
 	fs.Bool(&c.MCP, "mcp", true, "serve the MCP Streamable HTTP endpoint at /agent/mcp")
 	fs.Bool(&c.MCPFastPath, "mcp-fast-path", true, "answer plain tools/call requests at /agent/mcp without mcp-go's JSON-RPC machinery (same bytes, less CPU); false sends every request through mcp-go")
-	fs.String(&c.Tools, "tools", "core", "MCP tools listed at /agent/mcp: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16)")
+	fs.String(&c.Tools, "tools", "core", "MCP tools listed at /agent/mcp: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16); every tool answers when called by name")
 	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.String(&c.Pprof, "pprof", "", "serve Go's profiler (net/http/pprof) on this separate address, e.g. 127.0.0.1:6060; off by default, never expose it")
 	fs.String(&c.AdminAddr, "admin-addr", "", "serve the admin console (/admin/), /metrics, pprof and health on this separate address, e.g. 127.0.0.1:9090 (a bare :9090 means loopback); off when empty")
