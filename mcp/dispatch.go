@@ -296,9 +296,13 @@ func (e *Executor) renderDispatch(b Binding, batch bool, n int, outs []outcome, 
 		writeDetails(o, last)
 	}
 	ops, after, asked := combine(outs)
+	diffed := false // an approved action's state as a patch from what the model saw
 	if after != nil {
 		if asked {
 			o.raw("stateAfter", after)
+		} else if p := viewPatch(b, after); p != nil {
+			o.raw("stateDiff", appendOps(p, ops)) // then what the later messages changed
+			diffed = true
 		} else {
 			kept, om := budgetState(after, stateBudget)
 			if kept != nil {
@@ -309,7 +313,7 @@ func (e *Executor) renderDispatch(b Binding, batch bool, n int, outs []outcome, 
 			}
 		}
 	}
-	if len(ops) > 0 || (after == nil && anyStatus(outs, "dispatched")) {
+	if !diffed && (len(ops) > 0 || (after == nil && anyStatus(outs, "dispatched"))) {
 		o.raw("stateDiff", encodePatch(nil, ops))
 	}
 	for i := len(outs) - 1; i >= 0; i-- {
@@ -320,7 +324,7 @@ func (e *Executor) renderDispatch(b Binding, batch bool, n int, outs []outcome, 
 			break
 		}
 	}
-	if next := dispatchNext(outs, batch, n, approval, after != nil && !asked && len(ops) > 0); next != "" {
+	if next := dispatchNext(outs, batch, n, approval, after != nil && !asked && !diffed && len(ops) > 0, diffed); next != "" {
 		o.str("next", next)
 	}
 	return result(o.close())
@@ -336,7 +340,7 @@ func anyStatus(outs []outcome, s string) bool {
 }
 
 // dispatchNext is the hint that leads to the cheapest correct next step.
-func dispatchNext(outs []outcome, batch bool, n int, approval time.Duration, afterThenDiff bool) string {
+func dispatchNext(outs []outcome, batch bool, n int, approval time.Duration, afterThenDiff, diffed bool) string {
 	last := outs[len(outs)-1]
 	var next string
 	switch last.status {
@@ -348,6 +352,9 @@ func dispatchNext(outs []outcome, batch bool, n int, approval time.Duration, aft
 		}
 	case "confirmed":
 		next = "The user approved it and it ran; stateAfter is the current state."
+		if diffed {
+			next = "The user approved it and it ran; stateDiff is what changed since you last saw the state."
+		}
 	case "pending-confirmation":
 		id := jstr(get(last.ms, "confirmId"))
 		if approval > 0 {
@@ -424,7 +431,7 @@ func (e *Executor) renderVerbose(b Binding, key string, batch bool, n int, outs 
 		}
 	}
 	o.str("idempotencyKey", key)
-	if next := dispatchNext(outs, batch, n, approval, false); next != "" {
+	if next := dispatchNext(outs, batch, n, approval, false, false); next != "" {
 		o.str("next", next)
 	}
 	return result(o.close())
@@ -437,6 +444,7 @@ func (e *Executor) confirmResult(b Binding, raw []byte, verbose bool) (*mcpgo.Ca
 		return nil, errUnexpected
 	}
 	status := jstr(get(ms, "status"))
+	diffed := false
 	o := newObj(make([]byte, 0, len(raw)+128))
 	if verbose {
 		withFields(o, raw, "next")
@@ -446,6 +454,11 @@ func (e *Executor) confirmResult(b Binding, raw []byte, verbose bool) (*mcpgo.Ca
 			switch {
 			case m.key == "status" || isEmpty(m.val):
 			case m.key == "stateAfter":
+				if p := viewPatch(b, m.val); p != nil && status == "confirmed" {
+					o.raw("stateDiff", p)
+					diffed = true
+					continue
+				}
 				kept, om := budgetState(m.val, stateBudget)
 				if kept != nil {
 					o.raw("stateAfter", kept)
@@ -460,7 +473,11 @@ func (e *Executor) confirmResult(b Binding, raw []byte, verbose bool) (*mcpgo.Ca
 	}
 	switch status {
 	case "confirmed":
-		o.str("next", "The user approved it and it ran; stateAfter is the current state.")
+		if diffed {
+			o.str("next", "The user approved it and it ran; stateDiff is what changed since you last saw the state.")
+		} else {
+			o.str("next", "The user approved it and it ran; stateAfter is the current state.")
+		}
 		if sa := get(ms, "stateAfter"); sa != nil {
 			e.bindings.Update(b.Handle, func(b *Binding) { b.setView(sa) })
 		}

@@ -284,7 +284,7 @@ func catalogue(mode Mode) []toolDef {
 			out: []prop{
 				out("status", "string", "dispatched | pending-confirmation | confirmed | rejected; for msgs, dispatched when all were, else the status of the one that stopped the batch."),
 				out("results", "array", "msgs only: one {status, …} per message, in order (not-sent after a stop); left out when all were dispatched with nothing to add."),
-				out("stateDiff", "array", "JSON Patch of the change (for msgs: all messages, combined; after a confirmed one, the change on top of its stateAfter)."),
+				out("stateDiff", "array", "JSON Patch of the change (for msgs: all messages, combined; after a confirmed one, the change on top of its stateAfter; when the approved state is over 1 KiB and lapd knows what you last saw, the change since then, with no stateAfter)."),
 				out("stateAfter", "", "The state after a confirmed action (kept under 1 KiB, see stateOmitted), or after all with includeState."),
 				out("stateOmitted", "object", "Parts of stateAfter left out for size."),
 				out("actionsChanged", "array", "Only when the action list changed since you were last shown it: new entries in full, changed ones as JSON merge patches {variant, changed fields (null = gone)}, removed ones {variant, removed:true}."),
@@ -309,7 +309,7 @@ func catalogue(mode Mode) []toolDef {
 			readOnly: true, idempotent: true,
 			props:    []prop{{name: "confirmId", schema: strMax("From send_message.", 200)}, {name: "timeoutMs", schema: integer("Wait for the decision (default 20000).", 0, MaxTimeoutMs)}},
 			required: []string{"confirmId"},
-			out: []prop{out("status", "string", "confirmed | still-pending | rejected."), out("stateAfter", "", "The state after approval (kept under 1 KiB)."),
+			out: []prop{out("status", "string", "confirmed | still-pending | rejected."), out("stateAfter", "", "The state after approval (kept under 1 KiB)."), out("stateDiff", "array", "Instead of stateAfter, for a state over 1 KiB: JSON Patch from the state you last saw."),
 				out("stateOmitted", "object", "Parts of stateAfter left out for size."), out("reason", "string", "rejected: why (user-cancelled, timeout, …)."), out("next", "string", "What to do next.")},
 			route:  "/confirm-result",
 			budget: budgetConfirm,

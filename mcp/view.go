@@ -311,14 +311,41 @@ func (e *Executor) waitDiff(b Binding, raw []byte) []byte {
 		return nil
 	}
 	var out []byte
-	if b.view != nil && len(after) > stateBudget { // a small state is sent whole, as LAP answered
-		if patch, ok := viewDiff(b.view, b.viewOps, after); ok && len(patch) < len(after) {
-			o := newObj(make([]byte, 0, len(patch)+40))
-			o.str("status", "changed")
-			o.raw("stateDiff", patch)
-			out = o.close()
-		}
+	if patch := viewPatch(b, after); patch != nil {
+		o := newObj(make([]byte, 0, len(patch)+40))
+		o.str("status", "changed")
+		o.raw("stateDiff", patch)
+		out = o.close()
 	}
 	e.bindings.Update(b.Handle, func(b *Binding) { b.setView(after) })
 	return out
+}
+
+// viewPatch is the patch from the model's view of b's state to after, when
+// the view is known, the state is over stateBudget (a small state is sent
+// whole, as LAP answers) and the patch is shorter; nil otherwise.
+func viewPatch(b Binding, after []byte) []byte {
+	if b.view == nil || len(after) <= stateBudget {
+		return nil
+	}
+	patch, ok := viewDiff(b.view, b.viewOps, after)
+	if !ok || len(patch) >= len(after) {
+		return nil
+	}
+	return patch
+}
+
+// appendOps appends ops to the JSON Patch array patch.
+func appendOps(patch []byte, ops []patchOp) []byte {
+	if len(ops) == 0 {
+		return patch
+	}
+	out := append([]byte(nil), patch[:len(patch)-1]...)
+	for i, o := range ops {
+		if i > 0 || len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, o.raw...)
+	}
+	return append(out, ']')
 }

@@ -136,3 +136,40 @@ func TestViewDiff(t *testing.T) {
 		}
 	}
 }
+
+// An approved action on a state over 1 KiB: the change since the model's
+// last look, complete, instead of a stateAfter cut to 1 KiB — from
+// send_message's approval wait and from get_confirm_result.
+func TestConfirmedDiff(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	h.lap.on("/observe", func(int, fakeCall) (any, error) {
+		return json.RawMessage(`{"state":` + boardState(30, "all", nil) + `,"actions":[],"description":{"name":"Board"},"context":null,"health":{"connected":true}}`), nil
+	})
+	h.connect(tokA)
+	h.lap.on("/message", func(int, fakeCall) (any, error) {
+		return json.RawMessage(`{"status":"confirmed","stateAfter":` + boardState(30, "all", map[int]bool{7: true}) + `}`), nil
+	})
+	out := h.call("send_message", map[string]any{"msg": map[string]any{"type": "finish"}})
+	if out.SC["stateAfter"] != nil || mcpJSON(out.SC["stateDiff"]) != `[{"op":"replace","path":"/tasks/7/done","value":true}]` || !strings.Contains(mcpStr(out.SC["next"]), "stateDiff") {
+		t.Fatalf("confirmed in send_message: %s", out.Text)
+	}
+	h.lap.on("/confirm-result", func(int, fakeCall) (any, error) {
+		return json.RawMessage(`{"status":"confirmed","stateAfter":` + boardState(30, "done", map[int]bool{7: true}) + `}`), nil
+	})
+	out = h.call("get_confirm_result", map[string]any{"confirmId": "c1"})
+	if out.SC["stateAfter"] != nil || mcpJSON(out.SC["stateDiff"]) != `[{"op":"replace","path":"/filter","value":"done"}]` {
+		t.Fatalf("get_confirm_result: %s", out.Text)
+	}
+}
+
+func TestAppendOps(t *testing.T) {
+	t.Parallel()
+	ops, _ := patchOps([]byte(`[{"op":"add","path":"/a","value":1}]`))
+	if got := string(appendOps([]byte(`[]`), ops)); got != `[{"op":"add","path":"/a","value":1}]` {
+		t.Fatal(got)
+	}
+	if got := string(appendOps([]byte(`[{"op":"remove","path":"/b"}]`), ops)); got != `[{"op":"remove","path":"/b"},{"op":"add","path":"/a","value":1}]` {
+		t.Fatal(got)
+	}
+}
