@@ -322,7 +322,9 @@ func (c *conn) handle(buf *bytes.Buffer) (kept bool) {
 			// (whoever holds the agent token can open one): its
 			// approvals are not the human's.
 			r.refusedApprovals.Add(1)
-			r.cfg.Audit.RecordLimited(context.Background(), "tab:"+s.tid, audit.Entry{TID: s.tid, Event: audit.EventRefused,
+			// Within the tab's budget and one shared by all tabs (as
+			// unsolicited log-appends): many tabs cannot flood the audit.
+			r.cfg.Audit.RecordPooled(context.Background(), "tab:"+s.tid, "refused-approval", audit.Entry{TID: s.tid, Event: audit.EventRefused,
 				Detail: map[string]any{"endpoint": wsEndpoint, "code": "approval-refused", "confirmId": f.ConfirmID,
 					"detail": "confirm-resolved from a socket that superseded a live tab without the tab secret"}})
 			return

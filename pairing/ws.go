@@ -17,6 +17,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/lapd-dev/lapd/audit"
+	"github.com/lapd-dev/lapd/internal/clientip"
 	"github.com/lapd-dev/lapd/tokens"
 )
 
@@ -140,7 +141,7 @@ func (r *Registry) refuse(w http.ResponseWriter, req *http.Request, status int, 
 	// Within the client's audit budget: a flood of refused upgrades becomes
 	// one counted entry per interval.
 	ip := remoteHost(req)
-	r.cfg.Audit.RecordLimited(context.Background(), "ip:"+ip, audit.Entry{TID: tid, Event: audit.EventRefused,
+	r.cfg.Audit.RecordLimited(context.Background(), "ip:"+clientip.Key(ip), audit.Entry{TID: tid, Event: audit.EventRefused, // (all of 127/8 one budget, IPv6 per /64)
 		Detail: map[string]any{"endpoint": wsEndpoint, "status": status, "code": code, "client": ip}})
 }
 
