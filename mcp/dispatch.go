@@ -93,17 +93,18 @@ func (e *Executor) sendMessage(ctx context.Context, d toolDef, a args, b Binding
 			break
 		}
 	}
-	e.noteDispatch(b, outs)
+	c := combine(outs)
+	e.noteDispatch(b, c)
 	if a.verbose() {
 		return e.renderVerbose(b, key, batch, len(msgs), outs, approval), nil
 	}
-	return e.renderDispatch(b, batch, len(msgs), outs, approval), nil
+	return e.renderDispatch(b, batch, len(msgs), outs, c, approval), nil
 }
 
 // noteDispatch records what the outcomes show the model of the state
 // (view.go): a stateAfter replaces the view, a stateDiff extends it.
-func (e *Executor) noteDispatch(b Binding, outs []outcome) {
-	ops, after, asked := combine(outs)
+func (e *Executor) noteDispatch(b Binding, c combined) {
+	ops, after, asked := c.ops, c.after, c.asked
 	if after == nil && len(ops) == 0 {
 		return
 	}
@@ -146,7 +147,7 @@ func (e *Executor) dispatchFailed(err error, b Binding, key string, batch bool, 
 		}
 	}
 	extra["results"] = results
-	if ops, _, _ := combine(outs); len(ops) > 0 {
+	if ops := combine(outs).ops; len(ops) > 0 {
 		extra["stateDiff"] = json.RawMessage(encodePatch(nil, ops))
 	}
 	te.Hint += fmt.Sprintf(" Message %d of %d failed; those before it were dispatched. Repeating this call with the same idempotencyKey does not dispatch them twice.", len(outs)+1, n)
@@ -157,7 +158,19 @@ func (e *Executor) dispatchFailed(err error, b Binding, key string, batch bool, 
 // dispatched message (squashed), restarting after a confirmed one, whose
 // stateAfter is then returned (asked is false: nobody asked for it). A
 // dispatched message's stateAfter (includeState) is returned with asked true.
-func combine(outs []outcome) (ops []patchOp, after []byte, asked bool) {
+// combined is what combine makes of a call's outcomes.
+type combined struct {
+	ops   []patchOp // the change after the last stateAfter (squashed)
+	after []byte    // the last stateAfter: a confirmed one, or one asked for
+	asked bool      // after was asked for (includeState), not a confirmation's
+}
+
+func combine(outs []outcome) combined {
+	var (
+		ops   []patchOp
+		after []byte
+		asked bool
+	)
 	for _, oc := range outs {
 		switch oc.status {
 		case "dispatched":
@@ -174,7 +187,7 @@ func combine(outs []outcome) (ops []patchOp, after []byte, asked bool) {
 			ops = ops[:0]
 		}
 	}
-	return squashPatch(ops), after, asked
+	return combined{ops: squashPatch(ops), after: after, asked: asked}
 }
 
 // skipInEntry are the members of a /message body that the combined result
@@ -260,7 +273,7 @@ func resultEntry(oc outcome) json.RawMessage {
 }
 
 // renderDispatch renders the outcomes leanly (see the file comment).
-func (e *Executor) renderDispatch(b Binding, batch bool, n int, outs []outcome, approval time.Duration) *mcpgo.CallToolResult {
+func (e *Executor) renderDispatch(b Binding, batch bool, n int, outs []outcome, c combined, approval time.Duration) *mcpgo.CallToolResult {
 	last := outs[len(outs)-1]
 	o := newObj(make([]byte, 0, 512))
 	status := last.status
@@ -295,7 +308,7 @@ func (e *Executor) renderDispatch(b Binding, batch bool, n int, outs []outcome, 
 	} else {
 		writeDetails(o, last)
 	}
-	ops, after, asked := combine(outs)
+	ops, after, asked := c.ops, c.after, c.asked
 	diffed := false // an approved action's state as a patch from what the model saw
 	if after != nil {
 		if asked {

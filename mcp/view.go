@@ -36,11 +36,12 @@ const (
 // nothing known).
 func (b *Binding) setView(state []byte) {
 	b.viewOps = nil
-	if state == nil || len(state) > maxViewBytes {
+	switch {
+	case state == nil || len(state) > maxViewBytes:
 		b.view = nil
-		return
+	case !bytes.Equal(b.view, state): // (an observe that shows the same state keeps its copy)
+		b.view = bytes.Clone(state)
 	}
-	b.view = bytes.Clone(state)
 }
 
 // addViewPatch records a patch the model was shown after the view.
