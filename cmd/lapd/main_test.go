@@ -67,6 +67,8 @@ func TestServeFlagsRefuseBadInput(t *testing.T) {
 		{[]string{"--origins", "https://ok.example,ftp://a.example"}, nil, `"ftp://a.example" is not an origin: the scheme must be http or https`},
 		{[]string{"--origins", "http://*.example"}, nil, "wildcards"},
 		{[]string{"--origins", "http://a.example:99999"}, nil, "port"},
+		{[]string{"--public-url", "lapd.example.com"}, nil, `--public-url: "lapd.example.com" is not an origin: it has no scheme`},
+		{[]string{"--public-url", "https://lapd.example.com/app"}, nil, `--public-url: "https://lapd.example.com/app" is not an origin: an origin has no path`},
 		{[]string{"--nats", "nats://127.0.0.1:4222", "--store", "memory"}, nil, "--store memory cannot be shared by a cluster"},
 		{[]string{"--nats", "nats://127.0.0.1:4222", "--nats-cert", "c.pem"}, nil, "--nats-cert and --nats-key go together"},
 		{[]string{"--nats-creds", "x.creds"}, nil, "need --nats"},
@@ -98,6 +100,13 @@ func TestOriginsNormalised(t *testing.T) {
 	}
 	if want := "https://app.example.com,http://localhost:3000,http://a.example"; c.Origins != want {
 		t.Errorf("origins %q, want %q (as browsers send them)", c.Origins, want)
+	}
+	c, err = parseServeFlags([]string{"--public-url", "HTTPS://Lapd.Example.com:443/"}, io.Discard, envMap(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "https://lapd.example.com"; c.PublicURL != want {
+		t.Errorf("public URL %q, want %q (as browsers send it in Origin)", c.PublicURL, want)
 	}
 }
 

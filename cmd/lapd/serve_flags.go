@@ -76,7 +76,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	var c serveConfig
 	fs := newFlagSet("lapd serve", out, env)
 	fs.String(&c.Addr, "addr", "127.0.0.1:8787", "listen address")
-	fs.String(&c.PublicURL, "public-url", "", "public base URL when behind a proxy (e.g. https://app.example.com); default: from each request")
+	fs.String(&c.PublicURL, "public-url", "", "the origin users reach lapd at when it is behind a proxy, scheme://host[:port] such as https://app.example.com (no path: lapd serves /agent/ there); the connect line and the banner use it; default: from each request")
 	fs.String(&c.DataDir, "data-dir", "lapd-data", "directory for the SQLite database (tokens, pending approvals, audit)")
 	fs.String(&c.Store, "store", "sqlite", "token and approval store: sqlite (in --data-dir) or memory (lost on restart)")
 	fs.String(&c.Origins, "origins", "", "comma-separated extra origins allowed for the WebSocket, CORS on meta routes and /agent/mcp, each scheme://host[:port] such as https://app.example.com (same origin is always allowed)")
@@ -211,6 +211,16 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 		return c, err
 	}
 	c.Origins = strings.Join(origins, ",")
+	if c.PublicURL != "" {
+		// lapd serves its routes at /agent on this origin: a path would be
+		// dropped from the connect line but kept in the banner, and the
+		// page's Origin would never match it.
+		u, err := lapd.CleanOrigin(c.PublicURL)
+		if err != nil {
+			return c, usageError{"--public-url: " + err.Error()}
+		}
+		c.PublicURL = u
+	}
 	return c, nil
 }
 
