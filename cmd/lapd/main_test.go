@@ -325,6 +325,34 @@ func TestRunCommands(t *testing.T) {
 	}
 }
 
+// lapd audit --nats reaches a cluster whose NATS wants a client certificate,
+// as lapd serve does; the NATS flags without --nats are refused, not ignored.
+func TestAuditNATSFlags(t *testing.T) {
+	t.Parallel()
+	var help bytes.Buffer
+	if err := run(context.Background(), []string{"audit", "--help"}, nil, &help, io.Discard, envMap(nil)); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"--nats-creds", "--nats-ca", "--nats-cert", "--nats-key"} {
+		if !strings.Contains(help.String(), f) {
+			t.Errorf("lapd audit --help lacks %s", f)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"audit", "--nats", "nats://127.0.0.1:1", "--nats-cert", "c.pem"}, "--nats-cert and --nats-key go together"},
+		{[]string{"audit", "--nats-ca", "ca.pem"}, "need --nats"},
+	} {
+		err := run(context.Background(), tc.args, nil, io.Discard, io.Discard, envMap(nil))
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: got %v, want a usage error containing %q", tc.args, err, tc.want)
+		}
+	}
+}
+
 // lockedBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
 type lockedBuffer struct {
 	mu sync.Mutex
