@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -350,6 +351,39 @@ func TestAuditNATSFlags(t *testing.T) {
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: got %v, want a usage error containing %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// lapd mcp run by hand (stdin a terminal) says what it is for; started by
+// an MCP client (stdin a pipe) it writes nothing but MCP.
+func TestMCPHintOnlyOnATerminal(t *testing.T) {
+	t.Parallel()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	if isTerminal(pr) {
+		t.Error("a pipe (what MCP clients give lapd mcp) counts as a terminal")
+	}
+	if isTerminal(strings.NewReader("")) {
+		t.Error("a reader that is not a file counts as a terminal")
+	}
+	tty, err := os.Open(os.DevNull) // a character device, as a terminal is
+	if err != nil {
+		t.Skip(err)
+	}
+	defer tty.Close()
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"mcp"}, tty, &stdout, &stderr, envMap(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr.String(), "an MCP client starts it") {
+		t.Errorf("lapd mcp on a character device wrote %q to stderr; want the hint", stderr.String())
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("the hint went to stdout, which carries only MCP: %q", stdout.String())
 	}
 }
 
