@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -165,6 +166,35 @@ func TestListenURLs(t *testing.T) {
 		got := strings.Join(listenURLs(&net.TCPAddr{IP: net.ParseIP(host), Port: p}, addrs), " ")
 		if got != want {
 			t.Errorf("listenURLs(%s) = %s, want %s", addr, got, want)
+		}
+	}
+}
+
+// The JSON lines a first click prints on stdout are the audit trail: the
+// banner says so, and where lapd audit finds the copy it reads.
+func TestBannerNamesAuditTrail(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "Audit trail:   stdout (one JSON line each); " + filepath.Join("lapd-data", "lapd.db") + " (lapd audit reads it)\n"},
+		{[]string{"--audit", "file:/var/log/lapd.jsonl", "--data-dir", "d"}, "Audit trail:   /var/log/lapd.jsonl; " + filepath.Join("d", "lapd.db") + " (lapd audit reads it)\n"},
+		{[]string{"--store", "memory"}, "Audit trail:   stdout (one JSON line each)\n"},
+		{[]string{"--audit", "none"}, "Audit trail:   off (--audit none)\n"},
+	} {
+		c, err := parseServeFlags(tc.args, io.Discard, envMap(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := lapdConfig(c, io.Discard, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		printBanner(&b, c, a, []string{"http://127.0.0.1:8787"}, "")
+		if !strings.Contains(b.String(), tc.want) {
+			t.Errorf("%v: banner lacks %q:\n%s", tc.args, tc.want, b.String())
 		}
 	}
 }
