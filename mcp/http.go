@@ -385,7 +385,15 @@ func (h *HTTPHandler) cors(w http.ResponseWriter, r *http.Request, preflight boo
 func writeJSONRPCError(w http.ResponseWriter, status int, id any, code int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"jsonrpc": mcpgo.JSONRPC_VERSION, "id": id, "error": map[string]any{"code": code, "message": msg}})
+	type details struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	_ = json.NewEncoder(w).Encode(struct {
+		JSONRPC string  `json:"jsonrpc"`
+		ID      any     `json:"id"`
+		Error   details `json:"error"`
+	}{mcpgo.JSONRPC_VERSION, id, details{code, msg}})
 }
 
 // notOneMessage reports (with ok false) a body that is valid JSON but not
