@@ -105,7 +105,7 @@ func renderToolsDoc() string {
 			for _, p := range endpoint.props {
 				names = append(names, "`"+p.name+"`")
 			}
-			fmt.Fprintf(&w, "\nOn the HTTP endpoint `connect_session` takes only %s: the base URL is lapd itself.\n", strings.Join(names, ", "))
+			fmt.Fprintf(&w, "\nOn the HTTP endpoint `connect_session` takes only %s: the base URL is lapd itself (a `url`, which the reference's bridge takes, is accepted and ignored).\n", strings.Join(names, ", "))
 		}
 		w.WriteString("\n| output | type | description |\n| --- | --- | --- |\n")
 		for _, p := range append(append([]prop{}, d.out...), errorOut) {

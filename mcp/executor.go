@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -196,6 +197,12 @@ func (d toolDef) parseArgs(req mcpgo.CallToolRequest) (args, *toolError) {
 			if json.Unmarshal(b, &norm) == nil && norm != nil {
 				raw = norm
 			}
+		}
+	}
+	for _, k := range d.ignored {
+		if _, ok := raw[k].(string); ok {
+			raw = maps.Clone(raw)
+			delete(raw, k)
 		}
 	}
 	inputs := d.inputs()

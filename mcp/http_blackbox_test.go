@@ -231,3 +231,21 @@ func TestHTTPArgumentErrorsSayWhatToDo(t *testing.T) {
 		t.Fatalf("empty narration reached LAP (%d calls)", n)
 	}
 }
+
+// The reference's bridge takes connect_session {url, token}, and models
+// send that shape to the endpoint too (the reference's endpoint drops the
+// url); lapd's endpoint refused it as an unknown argument.
+func TestHTTPConnectWithBridgeShape(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, nil)
+	c := hh.client(false)
+	out := callOn(t, c, "connect_session", map[string]any{"url": "http://localhost:8787/agent/lap/v1", "token": tokA}, nil)
+	if out.IsError || out.SC["status"] != "connected" {
+		t.Fatalf("connect_session {url, token}: %s", out.Text)
+	}
+	if calls := hh.lap.callsTo("/observe"); len(calls) != 1 || calls[0].Base != "" || calls[0].Token != tokA {
+		t.Fatalf("LAP calls %+v", calls)
+	}
+	// Still listed as line, token, verbose; any other unknown argument is refused.
+	wantError(t, callOn(t, c, "connect_session", map[string]any{"uri": "x", "token": tokA}, nil), CodeInvalidArguments, "unknown argument(s) uri")
+}
