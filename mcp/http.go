@@ -80,6 +80,8 @@ type HTTPHandler struct {
 	fast     *fastPath // nil = every request through mcp-go
 	hosts    *hostguard.Guard
 
+	streams streams // open GET streams per legacy session, ended with it
+
 	ipMu sync.Mutex
 	ips  map[string]*rate.Limiter
 }
@@ -147,6 +149,7 @@ func NewHTTPHandler(cfg HTTPConfig) (*HTTPHandler, error) {
 	h.exec = e
 	h.sessions = &sessionTable{cfg: &h.cfg, m: map[string]*httpSession{}, reserved: map[string]int{}, dropped: func(id string) int {
 		fast.forget(id)
+		h.streams.end(id)
 		return e.bindings.DropScope(id)
 	}}
 	h.mcp = mcpserver.NewStreamableHTTPServer(s,
@@ -337,7 +340,60 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, `{"error":"session not found"}`+"\n")
 		return
 	}
+	if id := r.Header.Get(mcpserver.HeaderKeySessionID); r.Method == http.MethodGet && id != "" && !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) {
+		// mcp-go ends a GET stream only when the client goes or the server
+		// shuts down: a DELETEd, evicted or expired session kept its
+		// stream (and connection) open for ever. Registered before the
+		// second look, so a DELETE racing this GET ends it either way.
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		defer h.streams.add(id, cancel)()
+		if !h.sessions.known(id) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = io.WriteString(w, `{"error":"session not found"}`+"\n")
+			return
+		}
+		r = r.WithContext(ctx)
+	}
 	h.mcp.ServeHTTP(w, r)
+}
+
+// streams are the open GET streams of legacy sessions.
+type streams struct {
+	mu sync.Mutex
+	m  map[string]map[*context.CancelFunc]bool
+}
+
+// add registers a stream of session id; the returned func unregisters it.
+func (s *streams) add(id string, cancel context.CancelFunc) func() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]map[*context.CancelFunc]bool{}
+	}
+	if s.m[id] == nil {
+		s.m[id] = map[*context.CancelFunc]bool{}
+	}
+	k := &cancel
+	s.m[id][k] = true
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.m[id], k)
+		if len(s.m[id]) == 0 {
+			delete(s.m, id)
+		}
+	}
+}
+
+// end ends every stream of session id.
+func (s *streams) end(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.m[id] {
+		(*c)()
+	}
 }
 
 // known reports whether id is a live session of the table (and marks it

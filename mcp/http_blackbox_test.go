@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 )
@@ -248,4 +249,62 @@ func TestHTTPConnectWithBridgeShape(t *testing.T) {
 	}
 	// Still listed as line, token, verbose; any other unknown argument is refused.
 	wantError(t, callOn(t, c, "connect_session", map[string]any{"uri": "x", "token": tokA}, nil), CodeInvalidArguments, "unknown argument(s) uri")
+}
+
+// openStream opens a session's GET stream and returns its body once the
+// headers arrived.
+func (hh *httpHarness) openStream(ctx context.Context, sid string) io.ReadCloser {
+	hh.t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, hh.srv.URL, nil)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Mcp-Session-Id", sid)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		hh.t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		hh.t.Fatalf("GET stream: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	return resp.Body
+}
+
+// streamEnds waits for body to end; it fails the test if it is still open
+// when ctx ends (the stream would otherwise stay open for ever).
+func streamEnds(t *testing.T, ctx context.Context, body io.ReadCloser, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, body); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("%s: the session's GET stream is still open", what)
+	}
+	body.Close()
+}
+
+// A DELETEd or evicted session kept its GET stream open (mcp-go ends one
+// only when the client leaves or the server stops): a connection and a
+// goroutine per stream, for ever, after the session was gone.
+func TestHTTPStreamEndsWithItsSession(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, func(c *HTTPConfig) { c.MaxUnauthenticatedSessions = 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	sid := hh.session()
+	body := hh.openStream(ctx, sid)
+	if r := hh.send("DELETE", sid, "", nil); r.status != 200 {
+		t.Fatalf("DELETE: %d %s", r.status, r.body)
+	}
+	streamEnds(t, ctx, body, "after DELETE")
+
+	// Evicted: one session that never connected is allowed, the next
+	// initialize evicts it.
+	first := hh.session()
+	body = hh.openStream(ctx, first)
+	hh.session()
+	streamEnds(t, ctx, body, "after eviction")
+	if r := hh.send("GET", first, "", map[string]string{"Accept": "text/event-stream"}); r.status != 404 {
+		t.Fatalf("GET on the evicted session: %d %s", r.status, r.body)
+	}
 }
