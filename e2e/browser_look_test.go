@@ -1,0 +1,82 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// The demo and the panel as a human sees them with the system in dark mode:
+// both follow prefers-color-scheme, and every text keeps its contrast (axe's
+// color-contrast rule runs on the colours the browser computed). An
+// approval's words follow the app's state while it waits.
+//
+//	go test ./e2e -run TestBrowserDark -v
+
+// bgOf is the computed background colour of the element elem selects.
+func (b *browserTab) bgOf(elem string) string {
+	b.t.Helper()
+	return b.evalString(`getComputedStyle(` + elem + `).backgroundColor`)
+}
+
+func TestBrowserDark(t *testing.T) {
+	needTool(t, "chromium", browserChromium)
+	srv := startServer(t, "", "--lap-rate", "600")
+	tab := browserOpen(t, srv.URL+"/")
+	tab.emulateMedia("prefers-color-scheme", "dark")
+	tab.waitStatus("idle", 10*time.Second)
+
+	// The page and the panel are both dark (the panel was always light).
+	if bg := tab.bgOf(`document.documentElement`); bg != "rgb(13, 17, 23)" {
+		t.Errorf("the demo's background in dark mode is %s", bg)
+	}
+	if bg := tab.bgOf(panelJS("panel")); bg != "rgb(22, 27, 34)" {
+		t.Errorf("the panel's background in dark mode is %s, want the dark palette's", bg)
+	}
+	tab.axe("dark, idle")
+
+	tab.click(panelJS("connect"))
+	tab.waitStatus("pending-claude", 10*time.Second)
+	tab.axe("dark, waiting for the AI")
+
+	// Every kind of feed line and an approval card, in dark.
+	mc, args := connectModel(t, tab, srv.URL)
+	browserOK(t, mc, "observe", args())
+	browserOK(t, mc, "narrate", args("text", "Adding a task, then asking to clear the board."))
+	browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "addTask", "title": "Buy milk"}))
+	browserCall(t, mc, "send_message", args("msg", map[string]any{"type": "resetDemo"}))
+	pend := browserOK(t, mc, "send_message", args("msg", map[string]any{"type": "clearAll"}, "reason", "you asked for a fresh start", "approvalTimeoutMs", 0))
+	cid, _ := pend["confirmId"].(string)
+	tab.waitJS(`!!`+panelJS("approve-"+cid), 10*time.Second)
+	tab.waitJS(`(`+panelJS("feed")+`).innerText.includes('Blocked: Reset the demo board')`, 10*time.Second)
+	tab.click(panelJS("feed-details"))
+	tab.axe("dark, approval and feed with details")
+
+	// The card says what Approve will do now: the human adds a task while
+	// the approval waits, and the count follows at once.
+	card := func() string { return tab.evalString(panelJS("card-"+cid) + `.innerText`) }
+	if c := card(); !strings.Contains(c, "Delete every task (4 tasks)") {
+		t.Fatalf("card %q", c)
+	}
+	tab.eval(`(() => { const i = document.querySelector('#new-title'); i.value = 'Added while asked'; i.form.requestSubmit(); return true })()`, nil)
+	tab.waitJS(`(`+panelJS("card-"+cid)+`).innerText.includes('Delete every task (5 tasks)')`, 5*time.Second)
+	tab.click(panelJS("approve-" + cid))
+	tab.waitJS(`document.querySelectorAll('#board li.task').length === 0`, 5*time.Second)
+	tab.waitJS(`(`+panelJS("feed")+`).innerText.includes('Approved by you: Delete every task (5 tasks)')`, 5*time.Second)
+
+	// An app with one theme fixes the panel's: ui.theme 'light' stays light
+	// in a dark system.
+	tab.eval(`import('/agent/client.js').then((m) => {
+	  const box = document.createElement('div'); box.id = 'light-box'; document.body.append(box)
+	  window.__light = m.createAgent({ app: { name: 'light' }, getState: () => ({}), storage: null, autoRestore: false,
+	    ui: { container: box, theme: 'light', shortcut: false } })
+	  return true })`, nil)
+	tab.waitJS(`!!document.querySelector('#light-box [data-lapd-panel]')`, 5*time.Second)
+	if bg := tab.bgOf(`document.querySelector('#light-box [data-lapd-panel]').shadowRoot.querySelector('[data-testid=panel]')`); bg != "rgb(255, 255, 255)" {
+		t.Errorf("a panel with theme 'light' in dark mode has background %s", bg)
+	}
+	tab.eval(`window.__light.destroy(), true`, nil)
+	if p := tab.pageProblems(); len(p) > 0 {
+		t.Errorf("the page reported errors: %v", p)
+	}
+}
