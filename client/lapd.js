@@ -254,7 +254,7 @@ export function initialConnState() {
  *
  * Events: mint, mint-ok, mint-failed{code,detail}, restore, resume-ok,
  * ws-opened, activated, ws-closed{hasToken}, reconnect-attempt{elapsedMs},
- * refused{code,detail}, revoked, close-final{code,detail}, disconnect.
+ * refused{code,detail}, revoked, close-final{code,detail}, disconnect, revoke-failed.
  * Effects: {type:'mint'|'open'|'persist'|'clear'|'close'|'revoke'|'schedule', delayMs?}.
  */
 export function nextState(s, ev) {
@@ -309,10 +309,16 @@ export function nextState(s, ev) {
       return to('error', [{ type: 'close' }], { error: { code: ev.code || 'closed', detail: ev.detail || '' } })
     case 'disconnect':
       return to('idle', [{ type: 'revoke' }, { type: 'clear' }, { type: 'close' }], { error: null, message: null, attempt: 0, elapsedMs: 0 })
+    case 'revoke-failed': // the Disconnect's revoke did not reach lapd: say so, the human thinks it is over
+      if (s.status !== 'idle') return st
+      return to('idle', [], { message: REVOKE_FAILED })
     default:
       return st
   }
 }
+
+const REVOKE_FAILED = 'Disconnected here, but lapd could not be reached to end the AI\'s session at once. ' +
+  'With this tab gone, the session expires by itself at the end of lapd\'s grace window (a minute by default).'
 
 /** The line the user pastes into their chat. */
 export function connectLine(lapUrl, token) {
@@ -1135,8 +1141,13 @@ export function createAgent(opts) {
     const s = session
     if (!s || !fetchFn) return
     try {
-      await fetchFn(`${base}${basePath}/revoke`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(s.tabSecret ? { tid: s.tid, tabSecret: s.tabSecret } : { tid: s.tid }) })
-    } catch (e) { emit('error', e) }
+      const res = await fetchFn(`${base}${basePath}/revoke`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(s.tabSecret ? { tid: s.tid, tabSecret: s.tabSecret } : { tid: s.tid }) })
+      // 404: the session is gone already; 5xx or 429: it is still there.
+      if (res && (res.status >= 500 || res.status === 429) && !session) fire({ type: 'revoke-failed' })
+    } catch (e) {
+      if (!session) fire({ type: 'revoke-failed' })
+      emit('error', e)
+    }
   }
 
   function openSocket() {

@@ -6,12 +6,13 @@ import (
 	"time"
 )
 
-// The demo and the panel as a human sees them with the system in dark mode:
+// The demo and the panel as a human sees them: with the system in dark mode
 // both follow prefers-color-scheme, and every text keeps its contrast (axe's
 // color-contrast rule runs on the colours the browser computed). An
-// approval's words follow the app's state while it waits.
+// approval's words follow the app's state while it waits. With lapd gone,
+// the panel says what is happening and what to do.
 //
-//	go test ./e2e -run TestBrowserDark -v
+//	go test ./e2e -run 'TestBrowser(Dark|Offline)' -v
 
 // bgOf is the computed background colour of the element elem selects.
 func (b *browserTab) bgOf(elem string) string {
@@ -78,5 +79,39 @@ func TestBrowserDark(t *testing.T) {
 	tab.eval(`window.__light.destroy(), true`, nil)
 	if p := tab.pageProblems(); len(p) > 0 {
 		t.Errorf("the page reported errors: %v", p)
+	}
+}
+
+// TestBrowserOffline: lapd goes away under a connected tab. The panel says
+// what is happening and what the human can do; a Disconnect whose revoke
+// cannot reach lapd says so instead of looking like a clean end; Connect
+// then says lapd cannot be reached.
+func TestBrowserOffline(t *testing.T) {
+	needTool(t, "chromium", browserChromium)
+	srv := startServer(t, "", "--lap-rate", "600")
+	tab := browserOpen(t, srv.URL+"/")
+	tab.waitStatus("idle", 10*time.Second)
+	tab.click(panelJS("connect"))
+	tab.waitStatus("pending-claude", 10*time.Second)
+	connectModel(t, tab, srv.URL)
+
+	srv.stop(t)
+	tab.waitStatus("reconnecting", 10*time.Second)
+	tab.waitJS(`!!`+panelJS("retry")+` && `+panelJS("reconnecting")+`.textContent.includes('your approvals are kept')`, 5*time.Second)
+	tab.click(panelJS("retry")) // an attempt at once; lapd is still down
+	tab.waitStatus("reconnecting", 5*time.Second)
+	tab.axe("reconnecting")
+
+	tab.click(panelJS("disconnect"))
+	tab.waitStatus("idle", 10*time.Second)
+	tab.waitJS(`(`+panelJS("connect-section")+`).textContent.includes('could not be reached to end the AI')`, 10*time.Second)
+
+	tab.click(panelJS("connect"))
+	tab.waitStatus("error", 10*time.Second)
+	if e := tab.evalString(panelJS("error") + `.textContent`); !strings.Contains(e, "lapd could not be reached") {
+		t.Errorf("Connect with lapd down says %q", e)
+	}
+	if b := tab.evalString(panelJS("connect") + `.textContent`); b != "Connect again" {
+		t.Errorf("the button after a failed connect reads %q", b)
 	}
 }
