@@ -1876,6 +1876,7 @@ const ERROR_WORDS = {
   'http-429': 'Too many attempts; wait a minute and try again.',
 }
 const NARROW = '(max-width: 640px)'
+const COPY_BY_HAND = 'The line is selected: press Ctrl+C (⌘C on a Mac), or long-press it on a phone.'
 export const DEFAULT_SHORTCUT = 'Alt+Shift+A'
 
 // The panel's colours: light, and dark when the system asks for it (or
@@ -1900,7 +1901,7 @@ const PANEL_CSS = `
   background: var(--subtle); border-bottom: 1px solid var(--line); text-align: left; font-weight: 600; }
 .collapsed .toggle { border-bottom: 0; }
 .dot { width: 10px; height: 10px; border-radius: 50%; flex: none; }
-.t { flex: 1; min-width: 0; }
+.t { flex: 1; min-width: 0; overflow-wrap: anywhere; }
 .badge { flex: none; min-width: 22px; padding: 1px 7px; border-radius: 11px; background: var(--badge); color: #fff; font-size: 12px; text-align: center; }
 .chev { flex: none; color: var(--muted); transition: transform .15s; }
 .collapsed .chev { transform: rotate(180deg); }
@@ -1927,7 +1928,7 @@ input.cl { flex: 1; min-width: 0; font: 13px/1.4 ui-monospace, SFMono-Regular, M
 .small { font-size: 12px; }
 h3 { margin: 0; font-size: 12px; text-transform: uppercase; letter-spacing: .04em; color: var(--muted); }
 .hrow { display: flex; align-items: center; justify-content: space-between; gap: 8px; }
-.card { border: 1px solid var(--card-line); background: var(--wait); border-radius: 10px; padding: 10px; display: flex; flex-direction: column; gap: 6px; }
+.card { border: 1px solid var(--card-line); background: var(--wait); border-radius: 10px; padding: 10px; display: flex; flex-direction: column; gap: 6px; overflow-wrap: anywhere; }
 .ask strong { font-size: 15px; }
 dl { margin: 0; display: grid; grid-template-columns: auto 1fr; gap: 2px 8px; font-size: 13px; }
 dt { color: var(--muted); }
@@ -2112,6 +2113,7 @@ function createPanel(agent, doc, win, uiOpts, view) {
 
   // ── rendering: each section is rebuilt only when what it shows changed ──
   let copied = false
+  let copyFailed = false // the last Copy did not reach the clipboard: say so where the human looks
   let lineOpen = false // the folded connect line, once an AI is connected
   let sigTop = ''
   let sigCards = ''
@@ -2154,7 +2156,7 @@ function createPanel(agent, doc, win, uiOpts, view) {
 
     // connect state
     const line = agent.connectLine
-    const key = JSON.stringify([s, agent.error, agent.message, line, copied])
+    const key = JSON.stringify([s, agent.error, agent.message, line, copied, copyFailed])
     if (key !== sigTop) {
       sigTop = key
       const parts = []
@@ -2194,8 +2196,9 @@ function createPanel(agent, doc, win, uiOpts, view) {
           fields.length ? el('dl', {}, ...fields.flatMap(([k, v]) => [el('dt', { text: k }), el('dd', { text: readable(v) })])) : null,
           c.expiresAt ? el('p', { class: 'muted small', text: `If you do not answer, it is rejected ${relativeUntil(c.expiresAt, now)}.` }) : null,
           el('div', { class: 'row' },
-            el('button', { class: 'primary', type: 'button', testid: `approve-${c.id}`, onclick: () => agent.approve(c.id), text: 'Approve' }),
-            el('button', { class: 'danger', type: 'button', testid: `reject-${c.id}`, onclick: () => agent.reject(c.id), text: 'Reject' }))))
+            // Each button names what it answers (two cards both have an Approve).
+            el('button', { class: 'primary', type: 'button', testid: `approve-${c.id}`, 'aria-describedby': tid, onclick: () => agent.approve(c.id), text: 'Approve' }),
+            el('button', { class: 'danger', type: 'button', testid: `reject-${c.id}`, 'aria-describedby': tid, onclick: () => agent.reject(c.id), text: 'Reject' }))))
       }
       approvals.replaceChildren(...parts)
     }
@@ -2229,7 +2232,7 @@ function createPanel(agent, doc, win, uiOpts, view) {
 
     // footer: Cancel before an AI connected; the connect line (folded) and
     // Disconnect after
-    const footKey = JSON.stringify([s, !!agent.session, line, copied])
+    const footKey = JSON.stringify([s, !!agent.session, line, copied, copyFailed])
     if (footKey !== sigFoot) {
       sigFoot = footKey
       const parts = []
@@ -2282,10 +2285,17 @@ function createPanel(agent, doc, win, uiOpts, view) {
         try { input.select(); ok = doc.execCommand('copy') } catch { ok = false }
       }
       copied = ok
-      announce(ok ? 'Copied. Paste it into your AI chat.' : 'Could not copy; select the line and copy it.')
+      copyFailed = !ok
+      announce(ok ? 'Copied. Paste it into your AI chat.' : `Could not copy. ${COPY_BY_HAND}`)
       render()
+      if (!ok) { // the line, rebuilt, is selected and focused: the keyboard's copy takes it
+        const again = root.querySelector('[data-testid="connect-line"]')
+        if (again) again.focus({ preventScroll: true })
+      }
     })
-    return el('div', { class: 'line' }, input, copy)
+    const row = el('div', { class: 'line' }, input, copy)
+    if (!copyFailed) return row
+    return el('div', { class: 'sec' }, row, el('p', { class: 'err small', testid: 'copy-failed', text: `This browser did not let the panel copy. ${COPY_BY_HAND}` }))
   }
 
   // The human is in another tab (the AI's chat) when an approval comes:
@@ -2312,7 +2322,7 @@ function createPanel(agent, doc, win, uiOpts, view) {
   doc.addEventListener('visibilitychange', onPageVisibility)
 
   const offs = [
-    agent.on('status', () => { copied = false; schedule() }),
+    agent.on('status', () => { copied = copyFailed = false; schedule() }),
     agent.on('confirm', () => { schedule(); titleBadge() }),
     agent.on('log', (entry) => {
       const it = view.describe ? view.describe(entry) : null

@@ -1,9 +1,13 @@
 package e2e
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
+
+	cdpbrowser "github.com/chromedp/cdproto/browser"
+	"github.com/chromedp/chromedp"
 )
 
 // The demo and the panel as a human sees them: with the system in dark mode
@@ -114,4 +118,67 @@ func TestBrowserOffline(t *testing.T) {
 	if b := tab.evalString(panelJS("connect") + `.textContent`); b != "Connect again" {
 		t.Errorf("the button after a failed connect reads %q", b)
 	}
+}
+
+// TestBrowserCopy: the connect line reaches the clipboard whole with one
+// click on Copy (a real mouse click, the page allowed the clipboard as a
+// person's browser allows a click to write it); where the browser refuses,
+// the panel says so under the line (not only to a screen reader) and
+// leaves the line selected for the keyboard's copy.
+func TestBrowserCopy(t *testing.T) {
+	needTool(t, "chromium", browserChromium)
+	srv := startServer(t, "", "--lap-rate", "600")
+	tab := browserOpen(t, srv.URL+"/")
+	clipboard := func(setting cdpbrowser.PermissionSetting) {
+		t.Helper()
+		for _, perm := range []string{"clipboard-read", "clipboard-write"} {
+			params := cdpbrowser.SetPermissionParams{Permission: &cdpbrowser.PermissionDescriptor{Name: perm}, Setting: setting, Origin: srv.URL}
+			ctx, cancel := context.WithTimeout(tab.ctx, 10*time.Second)
+			err := chromedp.FromContext(tab.ctx).Browser.Call(ctx, cdpbrowser.CommandSetPermission, params, nil)
+			cancel()
+			if err != nil {
+				t.Fatalf("setting %s %s: %v", perm, setting, err)
+			}
+		}
+	}
+	clipboard(cdpbrowser.PermissionSettingGranted)
+	tab.waitStatus("idle", 10*time.Second)
+	tab.click(panelJS("connect"))
+	tab.waitStatus("pending-claude", 10*time.Second)
+	line := tab.evalString(panelJS("connect-line") + `.value`)
+
+	r := tab.rect(panelJS("copy"))
+	browserRun(t, tab.ctx, 10*time.Second, chromedp.MouseClickXY((r.Left+r.Right)/2, (r.Top+r.Bottom)/2))
+	tab.waitJS(panelJS("copy")+`.textContent === 'Copied'`, 5*time.Second)
+	got := browserRun(t, tab.ctx, 10*time.Second, chromedp.Evaluate[string](`navigator.clipboard.readText()`, chromedp.EvalAwaitPromise))
+	if got != line {
+		t.Fatalf("the clipboard holds %q, want the connect line %q", got, line)
+	}
+	if tab.evalString(`String(!!`+panelJS("copy-failed")+`)`) != "false" {
+		t.Error("a copy that worked shows the failure text")
+	}
+
+	// A browser that refuses the clipboard (a page served over plain HTTP
+	// on a LAN address has no navigator.clipboard, and execCommand may say
+	// no): the failure is shown under the line, the line selected.
+	tab.eval(`Object.defineProperty(navigator, 'clipboard', { value: undefined, configurable: true }); document.execCommand = () => false; true`, nil)
+	tab.click(panelJS("copy"))
+	tab.waitJS(`!!`+panelJS("copy-failed"), 5*time.Second)
+	if s := tab.evalString(panelJS("copy-failed") + `.textContent`); !strings.Contains(s, "Ctrl+C") {
+		t.Errorf("the copy failure says %q", s)
+	}
+	if b := tab.evalString(panelJS("copy") + `.textContent`); b != "Copy" {
+		t.Errorf("after a failed copy the button reads %q", b)
+	}
+	var sel struct {
+		Focus   string
+		Start   int
+		End     int
+		LineLen int
+	}
+	tab.eval(`(() => { const i = `+panelJS("connect-line")+`; return {Focus: `+browserPanel+`.activeElement === i ? 'line' : 'elsewhere', Start: i.selectionStart, End: i.selectionEnd, LineLen: i.value.length} })()`, &sel)
+	if sel.Focus != "line" || sel.Start != 0 || sel.End != sel.LineLen {
+		t.Errorf("after a failed copy the line is not focused and selected: %+v", sel)
+	}
+	tab.axe("copy failed")
 }
