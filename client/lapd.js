@@ -1731,7 +1731,14 @@ export function createAgent(opts) {
     if (!Array.isArray(pending)) return
     let changed = false
     for (const p of pending.slice(0, LIMITS.pendingConfirms)) {
-      if (!p || typeof p.confirmId !== 'string' || confirms.has(p.confirmId)) continue
+      if (!p || typeof p.confirmId !== 'string') continue
+      const known = confirms.get(p.confirmId)
+      if (known) {
+        // One this tab proposed itself does not know lapd's deadline: a
+        // confirm-sync that carries it lets the card say when it expires.
+        if (known.status === 'pending' && known.expiresAt == null && typeof p.expiresAt === 'number') { known.expiresAt = p.expiresAt; changed = true }
+        continue
+      }
       if (answered.has(p.confirmId)) {
         // answered here, still pending there: the answer was lost on the way
         if (!outbox.some((f) => f.t === 'confirm-resolved' && f.confirmId === p.confirmId)) sendOrQueue(answered.get(p.confirmId))
