@@ -1842,7 +1842,17 @@ export function createAgent(opts) {
 
   if (opts.ui !== false && doc && typeof doc.createElement === 'function') {
     ui = createPanel(agent, doc, win, opts.ui && typeof opts.ui === 'object' ? opts.ui : {}, {
-      feed: () => feedItems(logRing.slice(-LIMITS.feedItems), notes),
+      feed: () => {
+        const entries = logRing.slice(-LIMITS.feedItems)
+        if (!pendingConfirms().length) return feedItems(entries, notes)
+        // A waiting approval's line says what the card says: against the state now.
+        const live = new Map(notes)
+        for (const e of entries) {
+          const c = e && e.kind === 'proposed' ? confirms.get(e.confirmId) : null
+          if (c && c.status === 'pending') live.set(e.id, { summary: confirmSummary(c) })
+        }
+        return feedItems(entries, live)
+      },
       describe: (entry) => feedItems([entry], notes)[0],
       onState: onChange,
     })

@@ -65,6 +65,7 @@ func TestBrowserDark(t *testing.T) {
 	}
 	tab.eval(`(() => { const i = document.querySelector('#new-title'); i.value = 'Added while asked'; i.form.requestSubmit(); return true })()`, nil)
 	tab.waitJS(`(`+panelJS("card-"+cid)+`).innerText.includes('Delete every task (5 tasks)')`, 5*time.Second)
+	tab.waitJS(`(`+panelJS("feed")+`).innerText.includes('Waiting for your approval: Delete every task (5 tasks)')`, 5*time.Second)
 	tab.click(panelJS("approve-" + cid))
 	tab.waitJS(`document.querySelectorAll('#board li.task').length === 0`, 5*time.Second)
 	tab.waitJS(`(`+panelJS("feed")+`).innerText.includes('Approved by you: Delete every task (5 tasks)')`, 5*time.Second)
