@@ -113,6 +113,10 @@ func browserChain(t *testing.T, transport string) {
 		t.Fatalf("clearAll: %s", browserJSON(pend))
 	}
 	tab.waitJS(`!!`+browserTestID("reject-"+cid), 10*time.Second)
+	// lapd sends the recorded approval back with its deadline (confirm-sync)
+	// and lapd.js takes it, so the card says when it lapses on the first
+	// proposal, not only after a reload.
+	tab.waitJS(browserPanel+`.textContent.includes('If you do not answer, it is rejected')`, 10*time.Second)
 	if screenshots {
 		tab.shot("pending-approval")
 	}
