@@ -648,7 +648,7 @@ func (e *Executor) connect(ctx context.Context, a args, p *progress) (*mcpgo.Cal
 	if e.cfg.OnBind != nil {
 		e.cfg.OnBind(scope, b.TokenKey)
 	}
-	e.log.Info("mcp: session connected", "session", b.Handle, "app", ob.name, "token", b.TokenKey)
+	e.log.Info("mcp: session connected", "session", b.Handle, "app", ob.name, "token_sha256", b.TokenKey)
 	o := newObj(make([]byte, 0, len(raw)+256))
 	o.str("status", "connected")
 	o.str("session", b.Handle)

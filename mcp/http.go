@@ -326,6 +326,12 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else if (r.Method == http.MethodGet || r.Method == http.MethodDelete) && r.Header.Get(mcpserver.HeaderKeySessionID) == "" && !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadRequest)
+		if r.Method == http.MethodGet && strings.Contains(r.Header.Get("Accept"), "text/html") {
+			// Someone opened the URL from lapd's banner in a browser: the
+			// reference's answer plus what the URL is for.
+			_, _ = io.WriteString(w, `{"error":"mcp-session-id required","detail":"this is lapd's MCP endpoint, for MCP clients, not browsers: add this URL to one (claude mcp add --transport http lapd <this URL>), then give the model the connect line the app shows"}`+"\n")
+			return
+		}
 		_, _ = io.WriteString(w, `{"error":"mcp-session-id required"}`+"\n")
 		return
 	}

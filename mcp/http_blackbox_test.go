@@ -86,6 +86,23 @@ func TestHTTPOtherMethods405(t *testing.T) {
 	}
 }
 
+// A GET without a session is the reference's 400 {"error":"mcp-session-id
+// required"} for a client; a browser that opened the banner's URL is also
+// told what the URL is for.
+func TestHTTPGetWithoutSession(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, nil)
+	if r := hh.send("GET", "", "", nil); r.status != http.StatusBadRequest || r.body != `{"error":"mcp-session-id required"}`+"\n" {
+		t.Fatalf("client GET: %d %q", r.status, r.body)
+	}
+	r := hh.send("GET", "", "", map[string]string{"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"})
+	var body struct{ Error, Detail string }
+	if err := json.Unmarshal([]byte(r.body), &body); err != nil || r.status != http.StatusBadRequest ||
+		body.Error != "mcp-session-id required" || !strings.Contains(body.Detail, "MCP client") {
+		t.Fatalf("browser GET: %d %s", r.status, r.body)
+	}
+}
+
 // A page on an origin of --origins could not use the endpoint: every MCP
 // request is a JSON POST, which a browser preflights (OPTIONS was 404), and
 // the page could not read Mcp-Session-Id from the answer.
