@@ -60,6 +60,7 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 		return
 	}
 	if !s.enter() {
+		s.auditRefusal(r.Context(), r, "", path, errShuttingDown)
 		writeError(w, errShuttingDown)
 		return
 	}
