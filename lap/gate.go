@@ -128,6 +128,7 @@ func (s *Server) lapCall(w http.ResponseWriter, r *http.Request, ctx context.Con
 	}
 	if e != nil {
 		s.auditRefusal(c.ctx, r, c.tid, s.cfg.BasePath+route, e)
+		s.logFailure(s.cfg.BasePath+route, e)
 		writeError(w, e)
 		return e.status
 	}

@@ -113,6 +113,7 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 		if e.status != http.StatusBadRequest {
 			s.auditRefusal(m.ctx, m.r, "", path, e)
 		}
+		s.logFailure(path, e)
 		writeError(w, e)
 		return
 	}
