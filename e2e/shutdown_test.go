@@ -11,8 +11,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lapd-dev/lapd/lapdtest"
 )
 
 // TestShutdownUnderLoadLosesNoAuditEntry drives `lapd serve` with its
@@ -146,4 +149,65 @@ func lapPost(ctx context.Context, m mintResp, route, body string) (int, error) {
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, resp.Body)
 	return resp.StatusCode, nil
+}
+
+// TestSecondSignalStopsAtOnce: a second SIGTERM while lapd waits for an
+// in-flight call (here one the tab never answers, with a 10-minute
+// --shutdown-timeout) stops it at once: it used to be swallowed, and only
+// SIGKILL, which loses the queued audit entries, ended the wait. lapd exits
+// 1, says so in the log, and the audit entries recorded before are in
+// SQLite.
+func TestSecondSignalStopsAtOnce(t *testing.T) {
+	s := startServer(t, "", "--lap-rate", mcpNoRateLimit, "--shutdown-timeout", "10m", "--log-level", "info")
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	defer close(release)
+	tab, m := mcpTab(t, s, lapdtest.WithHandler("send_message", func(json.RawMessage) (any, *lapdtest.RPCError) {
+		entered <- struct{}{}
+		<-release
+		return nil, &lapdtest.RPCError{Code: "internal"}
+	}))
+	ctx := ctxT(t, 2*time.Minute)
+	if status, err := lapPost(ctx, m, "/observe", ""); err != nil || status != 200 {
+		t.Fatalf("observe: %d %v", status, err)
+	}
+	go lapPost(ctx, m, "/message", `{"msg":{"type":"inc"}}`) // never answered by the tab
+	<-entered
+	waitDone := make(chan int, 1)
+	go func() {
+		status, _ := lapPost(ctx, m, "/wait", `{"timeoutMs":60000}`)
+		waitDone <- status
+	}()
+	if _, err := tab.WaitFor(ctx, "watch"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if status := <-waitDone; status != 503 { // lapd drains: now it waits for the /message
+		t.Fatalf("the /wait answered %d at the first signal, want 503", status)
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		t.Fatalf("lapd still waits for its in-flight call after a second SIGTERM:\n%s", s.stderr.String())
+	}
+	if code := s.cmd.ProcessState.ExitCode(); code != 1 {
+		t.Errorf("exit code %d after a second signal, want 1", code)
+	}
+	if !strings.Contains(s.stderr.String(), "second signal") {
+		t.Errorf("the log does not say why lapd stopped early:\n%s", s.stderr.String())
+	}
+	out := &bytes.Buffer{}
+	cmd := exec.Command(lapdBin, "audit", "--data-dir", s.DataDir, "--event", "lap-call,refused", "--limit", "0", "--format", "json")
+	cmd.Stdout, cmd.Stderr = out, io.Discard
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if a := out.String(); !strings.Contains(a, `"tool":"observe"`) || !strings.Contains(a, `"endpoint":"/agent/lap/v1/wait"`) {
+		t.Errorf("audit after a second signal lacks the observe call or the /wait's refusal:\n%s", a)
+	}
 }

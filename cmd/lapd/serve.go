@@ -10,7 +10,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -121,9 +123,26 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	log.Info("shutting down: refusing new calls, finishing in-flight ones", "timeout", c.ShutdownTimeout)
+	log.Info("shutting down: refusing new calls, finishing in-flight ones (a second signal stops at once)", "timeout", c.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 	defer cancel()
+	// A second SIGINT/SIGTERM (Ctrl-C twice) ends the wait for in-flight
+	// calls: it used to be swallowed, and only SIGKILL, which loses the
+	// queued audit entries, stopped a lapd waiting out a long
+	// --shutdown-timeout. The tabs are still closed and the audit written.
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(again)
+	forced := make(chan struct{})
+	go func() {
+		select {
+		case <-again:
+			log.Warn("second signal: stopping now, without waiting for in-flight calls (they are cut; the audit is still written)")
+			close(forced)
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
 	// Order: lapd closes MCP sessions, drains LAP and closes tabs with 1012
 	// (they reconnect to the next process) while the listener still answers
 	// in-flight requests; then the HTTP server stops.
@@ -137,6 +156,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		if err := ahs.Shutdown(sctx); err != nil {
 			ahs.Close()
 		}
+	}
+	select {
+	case <-forced:
+		return errors.New("stopped by a second signal before in-flight calls finished")
+	default:
 	}
 	if err := errors.Join(errLapd, errHTTP); err != nil {
 		log.Warn("shutdown finished with errors", "err", err)
