@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -23,12 +24,14 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
+		// The library's errors start with "lapd: " too: say it once.
+		msg := strings.TrimPrefix(err.Error(), "lapd: ")
 		var ue usageError
 		if errors.As(err, &ue) {
-			fmt.Fprintln(os.Stderr, "lapd:", err)
+			fmt.Fprintln(os.Stderr, "lapd:", msg)
 			os.Exit(2)
 		}
-		fmt.Fprintln(os.Stderr, "lapd:", err)
+		fmt.Fprintln(os.Stderr, "lapd:", msg)
 		os.Exit(1)
 	}
 }

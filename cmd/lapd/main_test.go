@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -569,5 +571,18 @@ func TestPeerLinkFlags(t *testing.T) {
 	}
 	if _, err := parseServeFlags([]string{"--nats", "nats://127.0.0.1:4222", "--peer-tls", "yes"}, io.Discard, envMap(nil)); err == nil || !strings.Contains(err.Error(), "want auto, on or off") {
 		t.Errorf("--peer-tls yes = %v, want a usage error naming the values", err)
+	}
+}
+
+// A lapd.db that is not a database stopped lapd with SQLite's words only
+// ("file is not a database (26)"); the error now says what to do.
+func TestServeSaysWhatToDoWithADamagedDatabase(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "lapd.db"), bytes.Repeat([]byte("junk"), 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := run(context.Background(), []string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dir}, nil, io.Discard, io.Discard, envMap(nil))
+	if err == nil || !strings.Contains(err.Error(), "move it aside") {
+		t.Fatalf("serve on a damaged lapd.db: %v; want the way out", err)
 	}
 }
