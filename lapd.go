@@ -56,6 +56,7 @@ type Server struct {
 	budgets      keptBudgets // the parts' byte budgets, for /metrics
 
 	db      *sql.DB
+	dbFile  dbFile // lapd.db as opened, for /readyz
 	closers []io.Closer
 	nc      *nats.Conn // the cluster's NATS connection; nil on a single node
 	ownNC   bool       // opened from NATSURL: closed last

@@ -71,6 +71,7 @@ func (s *Server) openStores(ctx context.Context, cfg Config) (tokens.Store, conf
 				return nil, nil, fmt.Errorf("lapd: %w", err)
 			}
 			s.db = db
+			s.dbFile.remember(filepath.Join(cfg.DataDir, "lapd.db"))
 		}
 	case "sqlite":
 		if cfg.DataDir == "" {
@@ -85,6 +86,7 @@ func (s *Server) openStores(ctx context.Context, cfg Config) (tokens.Store, conf
 			return nil, nil, fmt.Errorf("lapd: %w", err)
 		}
 		s.db = db
+		s.dbFile.remember(filepath.Join(cfg.DataDir, "lapd.db"))
 		if cfg.TokenStore == nil {
 			ts, err := tokens.NewSQLiteStoreDB(db)
 			if err != nil {
