@@ -91,6 +91,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 				closeSinks(cfg.AuditSinks)
 			}
 			s.closeAll()
+			err = withDBAdvice(cfg.DataDir, err)
 		}
 	}()
 	if s.prefix, err = cleanPrefix(cfg.Prefix); err != nil {

@@ -19,7 +19,6 @@ import (
 
 	"github.com/lapd-dev/lapd"
 	"github.com/lapd-dev/lapd/audit"
-	"github.com/lapd-dev/lapd/internal/sqlitedb"
 )
 
 // runAudit is `lapd audit`: print and filter audit entries from the SQLite
@@ -97,9 +96,6 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		}
 		s, closer, err := lapd.OpenAudit(dataDir)
 		if err != nil {
-			if a := sqlitedb.Advice(filepath.Join(dataDir, "lapd.db"), err); a != "" {
-				return fmt.Errorf("%w\n%s", err, a)
-			}
 			return err
 		}
 		defer closer.Close()

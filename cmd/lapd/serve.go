@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -20,7 +19,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/lapd-dev/lapd"
-	"github.com/lapd-dev/lapd/internal/sqlitedb"
 	"github.com/lapd-dev/lapd/lap"
 	"github.com/lapd-dev/lapd/mcp"
 )
@@ -69,11 +67,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	l, err := lapd.New(ctx, lcfg)
 	if err != nil {
 		closeListeners()
-		if lcfg.DataDir != "" {
-			if a := sqlitedb.Advice(filepath.Join(lcfg.DataDir, "lapd.db"), err); a != "" {
-				return fmt.Errorf("%w\n%s", err, a)
-			}
-		}
 		return err
 	}
 	hs := &http.Server{

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -32,6 +33,8 @@ func Advice(path string, err error) string {
 	code := -1
 	if errors.As(err, &se) {
 		code = se.Code() & 0xff
+	} else if pe := (*fs.PathError)(nil); !errors.As(err, &pe) || !strings.HasPrefix(pe.Path, path) {
+		return "" // not about this database (another file lapd opens, such as an audit file)
 	}
 	switch {
 	case code == codeCorrupt || code == codeNotADB:

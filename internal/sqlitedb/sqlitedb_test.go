@@ -3,6 +3,7 @@ package sqlitedb
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,5 +91,13 @@ func TestAdviceForDamagedFile(t *testing.T) {
 	}
 	if a := Advice(damaged, errors.New("something else")); a != "" {
 		t.Errorf("Advice for an unknown error = %q, want none", a)
+	}
+	other := &fs.PathError{Op: "open", Path: filepath.Join(dir, "audit.jsonl"), Err: fs.ErrPermission}
+	if a := Advice(damaged, other); a != "" {
+		t.Errorf("Advice for another file's error = %q, want none", a)
+	}
+	mine := &fs.PathError{Op: "open", Path: damaged, Err: fs.ErrPermission}
+	if a := Advice(damaged, mine); !strings.Contains(a, "read and write") {
+		t.Errorf("Advice for %v = %q, want the permissions it needs", mine, a)
 	}
 }
