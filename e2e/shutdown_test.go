@@ -211,3 +211,37 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 		t.Errorf("audit after a second signal lacks the observe call or the /wait's refusal:\n%s", a)
 	}
 }
+
+// TestHangupStopsGracefully: SIGHUP (the terminal of a `lapd serve` closed,
+// an ssh session that ends) killed lapd at once by Go's default: no
+// "stopped", in-flight calls cut, the queued audit entries lost. It now
+// stops as SIGTERM does.
+func TestHangupStopsGracefully(t *testing.T) {
+	s := startServer(t, "", "--log-level", "info")
+	_, m := mcpTab(t, s)
+	ctx := ctxT(t, time.Minute)
+	for range 20 {
+		if status, err := lapPost(ctx, m, "/observe", ""); err != nil || status != 200 {
+			t.Fatalf("observe: %d %v", status, err)
+		}
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	<-s.done
+	if code := s.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("exit code %d after SIGHUP (%v), want 0", code, s.cmd.ProcessState)
+	}
+	if !strings.Contains(s.stderr.String(), "msg=stopped") {
+		t.Errorf("no graceful stop in the log:\n%s", s.stderr.String())
+	}
+	out := &bytes.Buffer{}
+	cmd := exec.Command(lapdBin, "audit", "--data-dir", s.DataDir, "--event", "lap-call", "--limit", "0", "--format", "json")
+	cmd.Stdout, cmd.Stderr = out, io.Discard
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(out.String(), `"tool":"observe"`); n != 20 {
+		t.Errorf("%d observe calls audited after SIGHUP, want 20", n)
+	}
+}

@@ -19,8 +19,15 @@ import (
 	"syscall"
 )
 
+// stopSignals end `lapd serve` gracefully; a second one stops it at once.
+var stopSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too: a terminal closed under `lapd serve` (an ssh session
+	// that ends) killed it at once by Go's default, losing the queued audit
+	// entries and cutting in-flight calls; it now stops as gracefully as
+	// SIGTERM.
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {

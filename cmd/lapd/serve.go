@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -126,12 +125,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	log.Info("shutting down: refusing new calls, finishing in-flight ones (a second signal stops at once)", "timeout", c.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 	defer cancel()
-	// A second SIGINT/SIGTERM (Ctrl-C twice) ends the wait for in-flight
+	// A second SIGINT/SIGTERM/SIGHUP (Ctrl-C twice) ends the wait for in-flight
 	// calls: it used to be swallowed, and only SIGKILL, which loses the
 	// queued audit entries, stopped a lapd waiting out a long
 	// --shutdown-timeout. The tabs are still closed and the audit written.
 	again := make(chan os.Signal, 1)
-	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(again, stopSignals...)
 	defer signal.Stop(again)
 	forced := make(chan struct{})
 	go func() {
