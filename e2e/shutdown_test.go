@@ -245,3 +245,46 @@ func TestHangupStopsGracefully(t *testing.T) {
 		t.Errorf("%d observe calls audited after SIGHUP, want 20", n)
 	}
 }
+
+// TestBrokenStdoutDoesNotKill: the audit goes to stdout by default. When
+// whatever reads it goes away (`lapd serve | head`, a log shipper that
+// dies), Go's default for a write to a broken pipe on stdout killed lapd
+// with SIGPIPE at the next audit entry, silently. Now the stdout sink fails
+// like any sink (counted, logged, /readyz not ready) and lapd serves on.
+func TestBrokenStdoutDoesNotKill(t *testing.T) {
+	dir := t.TempDir()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(lapdBin, "serve", "--addr", "127.0.0.1:0", "--data-dir", dir, "--log-level", "info")
+	cmd.Stdout = pw
+	s := launchCmd(t, cmd, dir)
+	pw.Close()
+	pr.Close() // nobody reads lapd's stdout any more
+	s.awaitListening(t)
+	ctx := ctxT(t, time.Minute)
+	m := s.mint(t) // an audit entry, written to the broken stdout
+	for {
+		if status, err := lapPost(ctx, m, "/observe", ""); err != nil {
+			t.Fatalf("lapd is gone after writing to a broken stdout (%v):\n%s", err, s.stderr.String())
+		} else if status != 503 { // paused: no tab
+			t.Fatalf("observe: %d", status)
+		}
+		res, err := http.Get(s.URL + "/readyz")
+		if err != nil {
+			t.Fatalf("lapd is gone after writing to a broken stdout (%v):\n%s", err, s.stderr.String())
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if strings.Contains(string(b), `"name":"audit","ok":false`) {
+			break // the stdout sink's failure is seen; lapd still answers
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the broken stdout never showed in /readyz: %s", b)
+		}
+	}
+	if !strings.Contains(s.stderr.String(), "sink write failed") {
+		t.Errorf("the log does not name the failing sink:\n%s", s.stderr.String())
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -35,6 +36,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	if err != nil {
 		return err
 	}
+	// The audit goes to stdout by default: when its reader goes away
+	// (lapd serve | head, a log shipper that dies), Go's default for a
+	// broken pipe on stdout was to die of SIGPIPE, silently, losing the
+	// audit queue. Ignored, the write fails with EPIPE and the stdout sink
+	// fails like any sink: counted, logged, /readyz not ready.
+	signal.Ignore(syscall.SIGPIPE)
 	lcfg, err := lapdConfig(c, stdout, log)
 	if err != nil {
 		return err
