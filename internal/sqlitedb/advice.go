@@ -12,6 +12,7 @@ import (
 // SQLite's primary result codes that an operator can act on.
 const (
 	codeBusy     = 5
+	codeIOErr    = 10
 	codeLocked   = 6
 	codeReadOnly = 8
 	codeCorrupt  = 11
@@ -48,6 +49,8 @@ func Advice(path string, err error) string {
 	case code == codeCantOpen || errors.Is(err, fs.ErrPermission):
 		return fmt.Sprintf("lapd cannot open %s: the user lapd runs as must be able to read and write %s and its files "+
 			"(chown them, or choose another --data-dir / LAPD_DATA_DIR)", path, dir)
+	case code == codeIOErr:
+		return fmt.Sprintf("the file system holding %s failed a read or a write: is it full (df), over a file size limit (ulimit -f) or failing (dmesg)?", dir)
 	case code == codeBusy || code == codeLocked:
 		return fmt.Sprintf("another process holds %s locked (another lapd on the same --data-dir?): stop it, or choose another --data-dir", path)
 	}

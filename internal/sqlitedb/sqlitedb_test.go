@@ -3,6 +3,7 @@ package sqlitedb
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -92,6 +93,9 @@ func TestAdviceForDamagedFile(t *testing.T) {
 	if a := Advice(damaged, errors.New("something else")); a != "" {
 		t.Errorf("Advice for an unknown error = %q, want none", a)
 	}
+	if a := Advice(damaged, fmt.Errorf("tokens: read schema version: %w", codeErr(4874))); !strings.Contains(a, "is it full") {
+		t.Errorf("Advice for SQLITE_IOERR_SHMSIZE (a full disk at start) = %q", a)
+	}
 	other := &fs.PathError{Op: "open", Path: filepath.Join(dir, "audit.jsonl"), Err: fs.ErrPermission}
 	if a := Advice(damaged, other); a != "" {
 		t.Errorf("Advice for another file's error = %q, want none", a)
@@ -101,3 +105,9 @@ func TestAdviceForDamagedFile(t *testing.T) {
 		t.Errorf("Advice for %v = %q, want the permissions it needs", mine, a)
 	}
 }
+
+// codeErr is an error with a SQLite result code, as the driver's.
+type codeErr int
+
+func (c codeErr) Error() string { return fmt.Sprintf("disk I/O error (%d)", int(c)) }
+func (c codeErr) Code() int     { return int(c) }
