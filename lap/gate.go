@@ -111,12 +111,10 @@ func (s *Server) lapCall(w http.ResponseWriter, r *http.Request, ctx context.Con
 	}
 	defer s.leave()
 	c := &call{s: s, r: r, ctx: ctx, route: route}
+	defer c.releaseGone() // deferred: a route that panics must not keep its tid's entry
 	res, e := c.gate(w)
 	if e == nil {
 		res, e = h(c)
-	}
-	if c.goneRelease != nil {
-		c.goneRelease()
 	}
 	if c.deferred {
 		if se := c.settleAdmit(); se != nil {
@@ -139,6 +137,13 @@ func (s *Server) lapCall(w http.ResponseWriter, r *http.Request, ctx context.Con
 	}
 	writeJSON(w, res)
 	return http.StatusOK
+}
+
+// releaseGone lets go of the call's hold on its tid's tabGone entry.
+func (c *call) releaseGone() {
+	if c.goneRelease != nil {
+		c.goneRelease()
+	}
 }
 
 // gate runs the reference's checks in order and reads the body.

@@ -314,6 +314,34 @@ func TestConfirmExpires(t *testing.T) {
 	}
 }
 
+// A recorded proposal is sent back to its tab with lapd's deadline, which
+// the tab's own proposal cannot know (its prompt says when it lapses), also
+// for a /message without an idempotencyKey.
+func TestConfirmSyncAfterProposal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	token, tab := confirmTab(e)
+	r := e.lapCall(token, "/message", `{"msg":{"type":"clearAll"},"timeoutMs":1}`)
+	id := r.json(t)["confirmId"].(string)
+	f, err := tab.WaitFor(ctxT(t), "confirm-sync")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sync struct {
+		Pending []struct {
+			ConfirmID string `json:"confirmId"`
+			ExpiresAt int64  `json:"expiresAt"`
+		} `json:"pending"`
+	}
+	if err := json.Unmarshal(f.Raw, &sync); err != nil || len(sync.Pending) != 1 || sync.Pending[0].ConfirmID != id {
+		t.Fatalf("confirm-sync %s, want approval %s only (%v)", f.Raw, id, err)
+	}
+	ps := e.cm.PendingFor(e.tids()[0])
+	if len(ps) != 1 || sync.Pending[0].ExpiresAt != ps[0].ExpiresAt || sync.Pending[0].ExpiresAt <= time.Now().UnixMilli() {
+		t.Errorf("confirm-sync expiresAt %d, want the recorded deadline %+v", sync.Pending[0].ExpiresAt, ps)
+	}
+}
+
 func TestConfirmSyncOnReconnect(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

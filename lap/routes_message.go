@@ -192,10 +192,11 @@ func (c *call) message(b *messageBody, sm splitMsg, reason, key string) (any, *a
 		return nil, &apiError{status: http.StatusInternalServerError, code: CodeInternal, detail: "lapd could not record the approval (a storage error on the server, in its log); the app withdrew it", cause: err}
 	}
 	release()
-	if key != "" {
-		// A retry may have recorded an approval the tab took back above.
-		c.resyncApproval(out.ConfirmID)
-	}
+	// The tab learns the approval's deadline (expiresAt), which its
+	// proposal could not know, so its prompt can say when it lapses; and a
+	// retry with the same idempotencyKey may have recorded an approval the
+	// tab took back above: this shows it again.
+	c.resyncApproval(out.ConfirmID)
 	c.auditOutcome(audit.EventConfirmProposed, map[string]any{"variant": variant, "confirmId": out.ConfirmID})
 	body, done := c.awaitConfirm(out.ConfirmID, variant, timeoutMs(b.ApprovalTimeoutMs, wait))
 	if !done {
@@ -205,11 +206,13 @@ func (c *call) message(b *messageBody, sm splitMsg, reason, key string) (any, *a
 }
 
 // resyncApproval sends the tab confirm-sync with approval id if it is
-// pending. After a /message whose Propose failed (confirm-expire took the
-// approval back), its retry with the same idempotencyKey gets the same
-// confirmId from the tab's memory, without the tab proposing it again:
-// this shows it to the human again. A tab that holds the approval ignores
-// the frame; one that answered it already sends its answer again (the
+// pending, after every proposal lapd records. It carries lapd's deadline
+// for it (expiresAt), which a tab's own proposal does not know. And after
+// a /message whose Propose failed (confirm-expire took the approval back),
+// its retry with the same idempotencyKey gets the same confirmId from the
+// tab's memory, without the tab proposing it again: this shows it to the
+// human again. A tab that holds the approval keeps it (lapd.js takes the
+// deadline); one that answered it already sends its answer again (the
 // first answer stands).
 func (c *call) resyncApproval(id string) {
 	for _, p := range c.s.cfg.Confirm.PendingFor(c.tid) {
