@@ -288,3 +288,16 @@ func TestBrokenStdoutDoesNotKill(t *testing.T) {
 		t.Errorf("the log does not name the failing sink:\n%s", s.stderr.String())
 	}
 }
+
+// TestLowOpenFileLimitIsWarned: under a low open-file limit, tabs (whose
+// WebSockets --max-conns does not count) took every descriptor and nothing
+// could connect any more, /healthz included, with only "accept4: too many
+// open files" in the log. lapd now says so when it starts.
+func TestLowOpenFileLimitIsWarned(t *testing.T) {
+	dir := t.TempDir()
+	s := launchCmd(t, exec.Command("sh", "-c", `ulimit -n 256 && exec "$0" serve --addr 127.0.0.1:0 --data-dir "$1"`, lapdBin, dir), dir)
+	s.awaitListening(t) // the warning comes before the "listening" line
+	if !strings.Contains(s.stderr.String(), "the open-file limit is low") || !strings.Contains(s.stderr.String(), "limit=256") {
+		t.Errorf("no warning of the open-file limit at start:\n%s", s.stderr.String())
+	}
+}
