@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -162,9 +163,7 @@ func (s *Server) openCluster(cfg Config) error {
 				}
 				s.log.Warn("nats: asynchronous error", "err", err)
 			}),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				s.log.Warn("nats: disconnected; reconnecting", "err", err)
-			}),
+			nats.DisconnectErrHandler(natsDisconnected(s.log)),
 			nats.ReconnectHandler(func(nc *nats.Conn) { s.log.Info("nats: reconnected", "server", nc.ConnectedUrlRedacted()) }),
 		}, cfg.NATSOptions...)
 		nc, err := nats.Connect(cfg.NATSURL, opts...)
@@ -174,6 +173,21 @@ func (s *Server) openCluster(cfg Config) error {
 		s.nc, s.ownNC = nc, true // closed by closeAll, after audit
 	}
 	return nil
+}
+
+// natsDisconnected logs a lost NATS connection, which the client then
+// retries for ever. nats.go calls the same handler when the node closes the
+// connection itself (Shutdown): that is no loss, and a warning that says
+// "reconnecting" as the last line before "stopped" only worries whoever
+// reads the log.
+func natsDisconnected(log *slog.Logger) nats.ConnErrHandler {
+	return func(nc *nats.Conn, err error) {
+		if nc.IsClosed() {
+			log.Debug("nats: connection closed")
+			return
+		}
+		log.Warn("nats: disconnected; reconnecting", "err", err)
+	}
 }
 
 // natsRefused adds to err what NATS refused this node's user, if it did: a

@@ -19,6 +19,7 @@ const state = {
   audit: { offset: 0, limit: 25, until: 0, more: false, filter: {} },
   timers: [],
   armed: null, // the revoke button waiting for its second click
+  downSince: 0, // when lapd stopped answering the overview (ms), 0 while it answers
 }
 
 // --- API -------------------------------------------------------------------
@@ -178,6 +179,26 @@ async function refreshOverview() {
   $('tile-calls').textContent = r ? rate(r.calls) : '…'
   $('tile-errors').textContent = r ? rate(r.errors) : '…'
   drawChart()
+}
+
+// The overview is the console's pulse: when lapd stops answering, the
+// header says so (with since when) instead of leaving the last figures up
+// as if they were live; the next answer puts them back.
+async function watchOverview() {
+  try {
+    await refreshOverview()
+    if (state.downSince) toast('lapd answers again.')
+    state.downSince = 0
+    $('meta').classList.remove('down')
+  } catch (e) {
+    if (e.status === 401) throw e
+    if (!state.downSince) {
+      state.downSince = Date.now()
+      toast('lapd is not answering; retrying.')
+    }
+    $('meta').classList.add('down')
+    $('meta').textContent = `lapd is not answering since ${clock(state.downSince)} (${e.message}); the figures below are from before. Retrying…`
+  }
 }
 
 function drawChart() {
@@ -413,7 +434,7 @@ async function startConsole() {
   const { events } = await call('events')
   const sel = $('filter-event')
   sel.replaceChildren(el('option', { value: '' }, 'any'), ...events.map((e) => el('option', { value: e }, e)))
-  every(POLL_MS, refreshOverview)
+  every(POLL_MS, watchOverview)
   every(5000, refreshSessions)
   every(5000, async () => {
     if (state.audit.offset === 0) await loadAudit()

@@ -105,6 +105,8 @@ export interface PanelOptions {
   collapsed?: boolean
   /** While the page is hidden and approvals wait, start document.title (what the tab strip shows) with "(n) Approval needed · "; default true. */
   titleBadge?: boolean
+  /** Colours: 'auto' (default) follows the system's prefers-color-scheme; 'light' or 'dark' fixes them (for an app with one theme). */
+  theme?: 'auto' | 'light' | 'dark'
 }
 
 export type Status = 'idle' | 'minting' | 'pending-claude' | 'active' | 'reconnecting' | 'failed' | 'error'

@@ -254,7 +254,7 @@ export function initialConnState() {
  *
  * Events: mint, mint-ok, mint-failed{code,detail}, restore, resume-ok,
  * ws-opened, activated, ws-closed{hasToken}, reconnect-attempt{elapsedMs},
- * refused{code,detail}, revoked, close-final{code,detail}, disconnect.
+ * refused{code,detail}, revoked, close-final{code,detail}, disconnect, revoke-failed.
  * Effects: {type:'mint'|'open'|'persist'|'clear'|'close'|'revoke'|'schedule', delayMs?}.
  */
 export function nextState(s, ev) {
@@ -309,10 +309,16 @@ export function nextState(s, ev) {
       return to('error', [{ type: 'close' }], { error: { code: ev.code || 'closed', detail: ev.detail || '' } })
     case 'disconnect':
       return to('idle', [{ type: 'revoke' }, { type: 'clear' }, { type: 'close' }], { error: null, message: null, attempt: 0, elapsedMs: 0 })
+    case 'revoke-failed': // the Disconnect's revoke did not reach lapd: say so, the human thinks it is over
+      if (s.status !== 'idle') return st
+      return to('idle', [], { message: REVOKE_FAILED })
     default:
       return st
   }
 }
+
+const REVOKE_FAILED = 'Disconnected here, but lapd could not be reached to end the AI\'s session at once. ' +
+  'With this tab gone, the session expires by itself at the end of lapd\'s grace window (a minute by default).'
 
 /** The line the user pastes into their chat. */
 export function connectLine(lapUrl, token) {
@@ -689,6 +695,10 @@ export function feedItems(entries, notes = new Map()) {
       case 'confirmed':
       case 'rejected': {
         const end = e.kind === 'proposed' ? outcomes.get(e.confirmId) : e
+        // Answered, the line says what was done then (the state may have
+        // changed since the AI asked: "Delete every task (5 tasks)", not 4).
+        const then = end && end !== e && notes.get(end.id)
+        if (then && then.summary) item.text = then.summary
         if (!end) Object.assign(item, { tone: 'wait', label: 'Waiting for your approval' })
         else if (end.kind === 'confirmed') Object.assign(item, { tone: 'ok', label: 'Approved by you', at: end.at, detail: /^errors/.test(end.detail || '') ? end.detail : '' })
         else if (/^expired/.test(end.detail || '')) Object.assign(item, { tone: 'bad', label: 'Expired, not done', at: end.at })
@@ -1131,8 +1141,13 @@ export function createAgent(opts) {
     const s = session
     if (!s || !fetchFn) return
     try {
-      await fetchFn(`${base}${basePath}/revoke`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(s.tabSecret ? { tid: s.tid, tabSecret: s.tabSecret } : { tid: s.tid }) })
-    } catch (e) { emit('error', e) }
+      const res = await fetchFn(`${base}${basePath}/revoke`, { method: 'POST', credentials: 'include', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(s.tabSecret ? { tid: s.tid, tabSecret: s.tabSecret } : { tid: s.tid }) })
+      // 404: the session is gone already; 5xx or 429: it is still there.
+      if (res && (res.status >= 500 || res.status === 429) && !session) fire({ type: 'revoke-failed' })
+    } catch (e) {
+      if (!session) fire({ type: 'revoke-failed' })
+      emit('error', e)
+    }
   }
 
   function openSocket() {
@@ -1716,7 +1731,14 @@ export function createAgent(opts) {
     if (!Array.isArray(pending)) return
     let changed = false
     for (const p of pending.slice(0, LIMITS.pendingConfirms)) {
-      if (!p || typeof p.confirmId !== 'string' || confirms.has(p.confirmId)) continue
+      if (!p || typeof p.confirmId !== 'string') continue
+      const known = confirms.get(p.confirmId)
+      if (known) {
+        // One this tab proposed itself does not know lapd's deadline: a
+        // confirm-sync that carries it lets the card say when it expires.
+        if (known.status === 'pending' && known.expiresAt == null && typeof p.expiresAt === 'number') { known.expiresAt = p.expiresAt; changed = true }
+        continue
+      }
       if (answered.has(p.confirmId)) {
         // answered here, still pending there: the answer was lost on the way
         if (!outbox.some((f) => f.t === 'confirm-resolved' && f.confirmId === p.confirmId)) sendOrQueue(answered.get(p.confirmId))
@@ -1820,8 +1842,19 @@ export function createAgent(opts) {
 
   if (opts.ui !== false && doc && typeof doc.createElement === 'function') {
     ui = createPanel(agent, doc, win, opts.ui && typeof opts.ui === 'object' ? opts.ui : {}, {
-      feed: () => feedItems(logRing.slice(-LIMITS.feedItems), notes),
+      feed: () => {
+        const entries = logRing.slice(-LIMITS.feedItems)
+        if (!pendingConfirms().length) return feedItems(entries, notes)
+        // A waiting approval's line says what the card says: against the state now.
+        const live = new Map(notes)
+        for (const e of entries) {
+          const c = e && e.kind === 'proposed' ? confirms.get(e.confirmId) : null
+          if (c && c.status === 'pending') live.set(e.id, { summary: confirmSummary(c) })
+        }
+        return feedItems(entries, live)
+      },
       describe: (entry) => feedItems([entry], notes)[0],
+      onState: onChange,
     })
   }
   // Restore a session kept across a reload (no new mint).
@@ -1860,21 +1893,34 @@ const ERROR_WORDS = {
   'http-429': 'Too many attempts; wait a minute and try again.',
 }
 const NARROW = '(max-width: 640px)'
+const COPY_BY_HAND = 'The line is selected: press Ctrl+C (⌘C on a Mac), or long-press it on a phone.'
 export const DEFAULT_SHORTCUT = 'Alt+Shift+A'
+
+// The panel's colours: light, and dark when the system asks for it (or
+// ui.theme does). Each pair meets WCAG AA contrast (4.5:1 for its text).
+const LIGHT = `--fg: #1f2328; --bg: #fff; --line: #d0d7de; --subtle: #f6f8fa; --hover: #eaeef2; --muted: #59636e; --accent: #0969da;
+  --link: #0859c2; --primary: #0969da; --primary-hover: #0860ca; --danger: #c21c2c; --badge: #cf222e; --card-line: #d4a72c;
+  --wait: #fff8c5; --ok: #dafbe1; --bad: #ffebe9; --info: #ddf4ff; --det: #424a53; --shadow: rgba(0,0,0,.18); color-scheme: light;`
+const DARK = `--fg: #e6edf3; --bg: #161b22; --line: #30363d; --subtle: #21262d; --hover: #30363d; --muted: #9198a1; --accent: #4493f8;
+  --link: #4493f8; --primary: #0969da; --primary-hover: #0860ca; --danger: #ff7b72; --badge: #da3633; --card-line: #9e6a03;
+  --wait: #3a2d0b; --ok: #12361f; --bad: #3d1518; --info: #0c2d4a; --det: #b0b8c1; --shadow: rgba(0,0,0,.6); color-scheme: dark;`
 
 const PANEL_CSS = `
 :host { all: initial; display: block; }
 * { box-sizing: border-box; }
+.p { ${LIGHT} }
+@media (prefers-color-scheme: dark) { :host(:not([data-theme="light"])) .p { ${DARK} } }
+:host([data-theme="dark"]) .p { ${DARK} }
 .p { position: fixed; right: 16px; bottom: 16px; z-index: 2147483000; width: 340px; max-height: min(70vh, 680px);
-  display: flex; flex-direction: column; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2328;
-  background: #fff; border: 1px solid #d0d7de; border-radius: 12px; box-shadow: 0 8px 24px rgba(0,0,0,.18); overflow: hidden; }
+  display: flex; flex-direction: column; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--fg);
+  background: var(--bg); border: 1px solid var(--line); border-radius: 12px; box-shadow: 0 8px 24px var(--shadow); overflow: hidden; }
 .toggle { display: flex; align-items: center; gap: 8px; width: 100%; min-height: 44px; padding: 8px 12px; border: 0; border-radius: 0;
-  background: #f6f8fa; border-bottom: 1px solid #d0d7de; text-align: left; font-weight: 600; }
+  background: var(--subtle); border-bottom: 1px solid var(--line); text-align: left; font-weight: 600; }
 .collapsed .toggle { border-bottom: 0; }
 .dot { width: 10px; height: 10px; border-radius: 50%; flex: none; }
-.t { flex: 1; min-width: 0; }
-.badge { flex: none; min-width: 22px; padding: 1px 7px; border-radius: 11px; background: #cf222e; color: #fff; font-size: 12px; text-align: center; }
-.chev { flex: none; color: #59636e; transition: transform .15s; }
+.t { flex: 1; min-width: 0; overflow-wrap: anywhere; }
+.badge { flex: none; min-width: 22px; padding: 1px 7px; border-radius: 11px; background: var(--badge); color: #fff; font-size: 12px; text-align: center; }
+.chev { flex: none; color: var(--muted); transition: transform .15s; }
 .collapsed .chev { transform: rotate(180deg); }
 .b { padding: 12px; overflow: auto; display: flex; flex-direction: column; gap: 10px; overscroll-behavior: contain; }
 .b > * { flex-shrink: 0; }
@@ -1882,40 +1928,40 @@ const PANEL_CSS = `
 .b > div:empty { display: none; }
 .sec { display: flex; flex-direction: column; gap: 8px; }
 p { margin: 0; }
-button { font: inherit; min-height: 36px; border: 1px solid #d0d7de; background: #f6f8fa; color: #1f2328; border-radius: 8px; padding: 6px 14px; cursor: pointer; }
-button:hover { background: #eaeef2; }
-.toggle:hover { background: #eaeef2; }
-:focus-visible { outline: 3px solid #0969da; outline-offset: 2px; }
+button { font: inherit; min-height: 36px; border: 1px solid var(--line); background: var(--subtle); color: var(--fg); border-radius: 8px; padding: 6px 14px; cursor: pointer; }
+button:hover { background: var(--hover); }
+.toggle:hover { background: var(--hover); }
+:focus-visible { outline: 3px solid var(--accent); outline-offset: 2px; }
 .toggle:focus-visible { outline-offset: -3px; }
-button.primary { background: #0969da; border-color: #0969da; color: #fff; }
-button.primary:hover { background: #0860ca; }
-button.danger { color: #c21c2c; }
-button.link { border: 0; background: none; padding: 4px 6px; min-height: 32px; color: #0859c2; text-decoration: underline; }
+button.primary { background: var(--primary); border-color: var(--primary); color: #fff; }
+button.primary:hover { background: var(--primary-hover); }
+button.danger { color: var(--danger); }
+button.link { border: 0; background: none; padding: 4px 6px; min-height: 32px; color: var(--link); text-decoration: underline; }
 .line { display: flex; gap: 6px; align-items: stretch; }
-input.cl { flex: 1; min-width: 0; font: 13px/1.4 ui-monospace, SFMono-Regular, Menlo, monospace; color: #1f2328; background: #f6f8fa;
-  border: 1px solid #d0d7de; border-radius: 8px; padding: 6px 8px; white-space: nowrap; text-overflow: clip; }
-.err { color: #c21c2c; }
-.muted { color: #59636e; }
+input.cl { flex: 1; min-width: 0; font: 13px/1.4 ui-monospace, SFMono-Regular, Menlo, monospace; color: var(--fg); background: var(--subtle);
+  border: 1px solid var(--line); border-radius: 8px; padding: 6px 8px; white-space: nowrap; text-overflow: clip; }
+.err { color: var(--danger); }
+.muted { color: var(--muted); }
 .small { font-size: 12px; }
-h3 { margin: 0; font-size: 12px; text-transform: uppercase; letter-spacing: .04em; color: #59636e; }
+h3 { margin: 0; font-size: 12px; text-transform: uppercase; letter-spacing: .04em; color: var(--muted); }
 .hrow { display: flex; align-items: center; justify-content: space-between; gap: 8px; }
-.card { border: 1px solid #d4a72c; background: #fff8c5; border-radius: 10px; padding: 10px; display: flex; flex-direction: column; gap: 6px; }
+.card { border: 1px solid var(--card-line); background: var(--wait); border-radius: 10px; padding: 10px; display: flex; flex-direction: column; gap: 6px; overflow-wrap: anywhere; }
 .ask strong { font-size: 15px; }
 dl { margin: 0; display: grid; grid-template-columns: auto 1fr; gap: 2px 8px; font-size: 13px; }
-dt { color: #59636e; }
+dt { color: var(--muted); }
 dd { margin: 0; overflow-wrap: anywhere; }
 .row { display: flex; gap: 8px; flex-wrap: wrap; }
 .row button { flex: 1 1 auto; }
 ul.feed { list-style: none; margin: 0; padding: 2px; display: flex; flex-direction: column; gap: 4px; max-height: 200px; overflow: auto; border-radius: 8px; }
-li { padding: 6px 8px; border-radius: 8px; background: #f6f8fa; overflow-wrap: anywhere; }
-li.ok { background: #dafbe1; }
-li.bad { background: #ffebe9; }
-li.wait { background: #fff8c5; }
-li.narrate { background: #ddf4ff; }
-li.read { background: none; color: #59636e; padding: 2px 8px; }
+li { padding: 6px 8px; border-radius: 8px; background: var(--subtle); overflow-wrap: anywhere; }
+li.ok { background: var(--ok); }
+li.bad { background: var(--bad); }
+li.wait { background: var(--wait); }
+li.narrate { background: var(--info); }
+li.read { background: none; color: var(--muted); padding: 2px 8px; }
 .lbl { font-weight: 600; }
-time { color: #59636e; font-size: 12px; white-space: nowrap; }
-.det { margin: 4px 0 0; font: 12px/1.4 ui-monospace, monospace; white-space: pre-wrap; color: #424a53; }
+time { color: var(--muted); font-size: 12px; white-space: nowrap; }
+.det { margin: 4px 0 0; font: 12px/1.4 ui-monospace, monospace; white-space: pre-wrap; color: var(--det); }
 .sr { position: absolute; width: 1px; height: 1px; margin: -1px; padding: 0; overflow: hidden; clip: rect(0 0 0 0); white-space: nowrap; border: 0; }
 .narrow.p { left: 0; right: 0; bottom: 0; width: auto; max-height: 50vh; max-height: 50dvh; border-radius: 14px 14px 0 0;
   border-left: 0; border-right: 0; border-bottom: 0; padding-bottom: env(safe-area-inset-bottom); }
@@ -1967,6 +2013,8 @@ function createPanel(agent, doc, win, uiOpts, view) {
   // ── structure, built once ──
   const host = doc.createElement('div')
   host.setAttribute('data-lapd-panel', '')
+  // 'auto' (the default) follows prefers-color-scheme; 'light' or 'dark' fixes it.
+  if (uiOpts.theme === 'light' || uiOpts.theme === 'dark') host.setAttribute('data-theme', uiOpts.theme)
   if (!doc.getElementById || !doc.getElementById('lapd-panel')) host.id = 'lapd-panel' // the skip link's target
   const root = typeof host.attachShadow === 'function' ? host.attachShadow({ mode: 'open' }) : host
   const dot = el('span', { class: 'dot', 'aria-hidden': 'true' })
@@ -2070,8 +2118,19 @@ function createPanel(agent, doc, win, uiOpts, view) {
   let lastStatus = agent.status
   const seenConfirms = new Set()
 
+  // While approvals wait, their words follow the app's state: a task the
+  // human adds meanwhile is counted in "Delete every task (5 tasks)" at
+  // once, not at the next 15 s refresh: Approve runs against the state as it
+  // is then.
+  let unwatch = null
+  function watchState(on) {
+    if (on && !unwatch && view.onState) unwatch = view.onState(schedule)
+    else if (!on && unwatch) { unwatch(); unwatch = null }
+  }
+
   // ── rendering: each section is rebuilt only when what it shows changed ──
   let copied = false
+  let copyFailed = false // the last Copy did not reach the clipboard: say so where the human looks
   let lineOpen = false // the folded connect line, once an AI is connected
   let sigTop = ''
   let sigCards = ''
@@ -2091,6 +2150,7 @@ function createPanel(agent, doc, win, uiOpts, view) {
     const s = agent.status
     const pend = agent.pendingConfirms()
     waiting = pend.length
+    watchState(pend.length > 0)
 
     panel.classList.toggle('narrow', narrow)
     panel.classList.toggle('collapsed', collapsed)
@@ -2113,7 +2173,7 @@ function createPanel(agent, doc, win, uiOpts, view) {
 
     // connect state
     const line = agent.connectLine
-    const key = JSON.stringify([s, agent.error, agent.message, line, copied])
+    const key = JSON.stringify([s, agent.error, agent.message, line, copied, copyFailed])
     if (key !== sigTop) {
       sigTop = key
       const parts = []
@@ -2122,6 +2182,10 @@ function createPanel(agent, doc, win, uiOpts, view) {
         parts.push(el('p', { class: 'err', testid: 'error', text: `${words}${agent.error.detail ? ` (${agent.error.code}: ${agent.error.detail})` : ''}` }))
       }
       if (agent.message && s !== 'active') parts.push(el('p', { class: 'muted', text: agent.message }))
+      if (s === 'reconnecting') {
+        parts.push(el('p', { testid: 'reconnecting', text: 'The connection to lapd dropped; this tab keeps trying by itself. The AI\'s requests wait until it is back, and your approvals are kept.' }),
+          el('button', { type: 'button', testid: 'retry', onclick: () => agent.connect(), text: 'Try now' }))
+      }
       if (s === 'idle' || s === 'error' || s === 'failed') {
         if (s === 'idle' && !agent.message) parts.push(el('p', { class: 'muted', text: 'Let an AI assistant (Claude, or any MCP client) use this app. You approve the risky steps here.' }))
         parts.push(el('button', { class: 'primary', type: 'button', testid: 'connect', onclick: () => { wantFocus = 'copy'; agent.connect() }, text: s === 'idle' ? 'Connect an AI' : 'Connect again' }))
@@ -2149,8 +2213,9 @@ function createPanel(agent, doc, win, uiOpts, view) {
           fields.length ? el('dl', {}, ...fields.flatMap(([k, v]) => [el('dt', { text: k }), el('dd', { text: readable(v) })])) : null,
           c.expiresAt ? el('p', { class: 'muted small', text: `If you do not answer, it is rejected ${relativeUntil(c.expiresAt, now)}.` }) : null,
           el('div', { class: 'row' },
-            el('button', { class: 'primary', type: 'button', testid: `approve-${c.id}`, onclick: () => agent.approve(c.id), text: 'Approve' }),
-            el('button', { class: 'danger', type: 'button', testid: `reject-${c.id}`, onclick: () => agent.reject(c.id), text: 'Reject' }))))
+            // Each button names what it answers (two cards both have an Approve).
+            el('button', { class: 'primary', type: 'button', testid: `approve-${c.id}`, 'aria-describedby': tid, onclick: () => agent.approve(c.id), text: 'Approve' }),
+            el('button', { class: 'danger', type: 'button', testid: `reject-${c.id}`, 'aria-describedby': tid, onclick: () => agent.reject(c.id), text: 'Reject' }))))
       }
       approvals.replaceChildren(...parts)
     }
@@ -2184,7 +2249,7 @@ function createPanel(agent, doc, win, uiOpts, view) {
 
     // footer: Cancel before an AI connected; the connect line (folded) and
     // Disconnect after
-    const footKey = JSON.stringify([s, !!agent.session, line, copied])
+    const footKey = JSON.stringify([s, !!agent.session, line, copied, copyFailed])
     if (footKey !== sigFoot) {
       sigFoot = footKey
       const parts = []
@@ -2237,10 +2302,17 @@ function createPanel(agent, doc, win, uiOpts, view) {
         try { input.select(); ok = doc.execCommand('copy') } catch { ok = false }
       }
       copied = ok
-      announce(ok ? 'Copied. Paste it into your AI chat.' : 'Could not copy; select the line and copy it.')
+      copyFailed = !ok
+      announce(ok ? 'Copied. Paste it into your AI chat.' : `Could not copy. ${COPY_BY_HAND}`)
       render()
+      if (!ok) { // the line, rebuilt, is selected and focused: the keyboard's copy takes it
+        const again = root.querySelector('[data-testid="connect-line"]')
+        if (again) again.focus({ preventScroll: true })
+      }
     })
-    return el('div', { class: 'line' }, input, copy)
+    const row = el('div', { class: 'line' }, input, copy)
+    if (!copyFailed) return row
+    return el('div', { class: 'sec' }, row, el('p', { class: 'err small', testid: 'copy-failed', text: `This browser did not let the panel copy. ${COPY_BY_HAND}` }))
   }
 
   // The human is in another tab (the AI's chat) when an approval comes:
@@ -2267,7 +2339,7 @@ function createPanel(agent, doc, win, uiOpts, view) {
   doc.addEventListener('visibilitychange', onPageVisibility)
 
   const offs = [
-    agent.on('status', () => { copied = false; schedule() }),
+    agent.on('status', () => { copied = copyFailed = false; schedule() }),
     agent.on('confirm', () => { schedule(); titleBadge() }),
     agent.on('log', (entry) => {
       const it = view.describe ? view.describe(entry) : null
@@ -2283,6 +2355,7 @@ function createPanel(agent, doc, win, uiOpts, view) {
     jump,
     remove() {
       offs.forEach((f) => f())
+      watchState(false)
       doc.removeEventListener('visibilitychange', onPageVisibility)
       if (ourTitle !== null && doc.title === ourTitle) doc.title = appTitle
       clearInterval(ticker)

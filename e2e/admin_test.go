@@ -130,6 +130,11 @@ func TestAdminConsole(t *testing.T) {
 	if !con.evalBool(q("console") + `.hidden`) {
 		t.Fatal("the console opened with a wrong token")
 	}
+	// Hidden means not shown: the empty console is not laid out under the
+	// log-in form (its own display once overrode the hidden attribute).
+	if con.evalBool(q("console") + `.getClientRects().length > 0`) {
+		t.Error("the console's empty tiles and tables show under the log-in form")
+	}
 	con.adminLogin(token)
 	con.waitJS(`!`+q("console")+`.hidden`, 10*time.Second)
 
@@ -171,6 +176,9 @@ func TestAdminConsole(t *testing.T) {
 	  CardCells: getComputedStyle(document.querySelector('[data-testid="session"] td')).display !== 'table-cell' }))()`, &layout)
 	if len(layout.Overflow) > 0 || !layout.CardCells {
 		t.Errorf("phone layout: %+v (want nothing past the right edge, table rows as cards)", layout)
+	}
+	if h := phone.rect(q("logout")).Height; h < 44 {
+		t.Errorf("Log out is %v px high on a phone, want a 44 px target", h)
 	}
 	phone.shot("admin-console-390")
 	phone.axe("admin console at 390 px")
@@ -247,6 +255,12 @@ func TestAdminConsole(t *testing.T) {
 	if st, body := httpGet(t, admin+"/readyz", ""); st != 200 || !strings.Contains(body, `"status":"ready"`) {
 		t.Errorf("readyz: %d %s", st, body)
 	}
+
+	// 7. lapd goes away: the console says so instead of showing its last
+	// figures as if they were live.
+	srv.stop(t)
+	con.waitJS(q("meta")+`.textContent.includes('not answering') && `+q("meta")+`.classList.contains('down')`, 15*time.Second)
+	con.waitJS(q("toast")+`.textContent.includes('not answering')`, 5*time.Second)
 
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/cdproto/input"
 	cdplog "github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/network"
@@ -146,6 +147,20 @@ func browserLaunch(t *testing.T, url string, w, h int64, realTimers bool, extra 
 	browserRun(t, ctx, 20*time.Second, chromedp.Navigate(url))
 	b.waitJS(`!!window.__lapd && !!`+browserPanel, 10*time.Second)
 	return b
+}
+
+// emulateMedia sets CSS media features for the page, as a system setting
+// would (e.g. "prefers-color-scheme", "dark"; pairs of name and value).
+func (b *browserTab) emulateMedia(nameValue ...string) {
+	b.t.Helper()
+	var feats []*emulation.MediaFeature
+	for i := 0; i+1 < len(nameValue); i += 2 {
+		feats = append(feats, &emulation.MediaFeature{Name: nameValue[i], Value: nameValue[i+1]})
+	}
+	browserRun(b.t, b.ctx, 10*time.Second, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := cdp.Call(ctx, t, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{Features: feats})
+		return err
+	}))
 }
 
 // pageProblems returns the HTTP and console errors seen so far.

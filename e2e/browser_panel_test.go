@@ -279,6 +279,17 @@ func TestBrowserPhone(t *testing.T) {
 		}
 	}
 	targets("collapsed")
+	// The demo's own controls are phone targets too: buttons, selects and
+	// each task's checkbox (through its label).
+	var small []string
+	tab.eval(`[...document.querySelectorAll('.toolbar button, #new-title, #board select, #board label.check')].map((e) => {
+	  const r = e.getBoundingClientRect(); return r.width < 44 || r.height < 44 ? (e.id || e.className || e.tagName) + ' ' + Math.round(r.width) + 'x' + Math.round(r.height) : '' }).filter(Boolean)`, &small)
+	if len(small) > 0 {
+		t.Errorf("demo controls under 44×44 px on a phone: %v", small)
+	}
+	if n := tab.evalString(`String(document.querySelectorAll('#board label.check input[type=checkbox]').length)`); n != "3" {
+		t.Errorf("%s task checkboxes inside their tap-target labels, want 3", n)
+	}
 
 	// 2. Open it, connect.
 	tab.click(panelJS("toggle"))

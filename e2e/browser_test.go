@@ -113,6 +113,10 @@ func browserChain(t *testing.T, transport string) {
 		t.Fatalf("clearAll: %s", browserJSON(pend))
 	}
 	tab.waitJS(`!!`+browserTestID("reject-"+cid), 10*time.Second)
+	// lapd sends the recorded approval back with its deadline (confirm-sync)
+	// and lapd.js takes it, so the card says when it lapses on the first
+	// proposal, not only after a reload.
+	tab.waitJS(browserPanel+`.textContent.includes('If you do not answer, it is rejected')`, 10*time.Second)
 	if screenshots {
 		tab.shot("pending-approval")
 	}
@@ -188,13 +192,19 @@ func browserChain(t *testing.T, transport string) {
 	// the same token inside the grace window.
 	srv.stop(t)
 	tab.waitJS(`window.__lapd.status === 'reconnecting'`, 10*time.Second)
+	// The panel says what is going on and what the human can do.
+	tab.waitJS(`!!`+browserTestID("retry")+` && `+browserTestID("reconnecting")+`.textContent.includes('keeps trying by itself')`, 5*time.Second)
 	restart := time.Now()
 	srv2 := startServer(t, dataDir, "--addr", addr, "--lap-rate", "600", "--grace", "60s")
 	if srv2.URL != srv.URL {
 		t.Fatalf("restarted on %s, want %s", srv2.URL, srv.URL)
 	}
+	// Try now: an attempt at once, instead of waiting out the backoff (the
+	// tab may have re-paired by itself already).
+	tab.eval(`(() => { const b = `+browserTestID("retry")+`; if (b) b.click(); return true })()`, nil)
 	tab.waitStatus("active", 40*time.Second)
 	t.Logf("%s: tab re-paired %v after the new server listened", transport, time.Since(restart).Round(time.Millisecond))
+	tab.waitJS(`!`+browserTestID("retry"), 5*time.Second)
 	if got := tab.evalString(`window.__lapd.connectLine`); got != line {
 		t.Fatalf("the tab changed token across the restart: %q", got)
 	}

@@ -49,8 +49,10 @@ var metaRoutes = map[string]metaHandler{
 
 func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, h metaHandler) {
 	if !s.corsHeaders(w, r, h.method) {
+		// Naming lapd's own origin shows the usual mistake at once: a page
+		// opened on a node's own address while lapd answers as --public-url.
 		e := errf(http.StatusForbidden, CodeForbiddenOrigin, "Origin "+strconv.Quote(r.Header.Get("Origin"))+" may not call "+path+
-			": only lapd's own origin and the origins it is configured with are allowed (lapd serve --origins, or Config.Origins for an embedded lapd); add the app's origin there")
+			": only lapd's own origin, "+strconv.Quote(s.requestOrigin(r))+", and the origins it is configured with are allowed (lapd serve --origins, or Config.Origins for an embedded lapd); add the app's origin there, or open the app at lapd's own origin")
 		s.auditRefusal(r.Context(), r, "", path, e)
 		writeError(w, e)
 		return

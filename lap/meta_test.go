@@ -181,3 +181,20 @@ func TestCORS(t *testing.T) {
 	}
 	_ = http.MethodPost
 }
+
+// Behind a proxy lapd's own origin is PublicURL: a page opened on a node's
+// own address may not mint, and the refusal names the origin that may.
+func TestMintRefusalNamesPublicOrigin(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *envCfg) { c.lap.PublicURL = "https://lapd.example.com" })
+	r := e.do("POST", "/agent/mint", "", "", "Origin", e.srv.URL)
+	if r.status != 403 || r.code() != "forbidden-origin" {
+		t.Fatalf("mint from the node's own address behind a public URL: %d %s, want 403 forbidden-origin", r.status, r.body)
+	}
+	if want := `lapd's own origin, "https://lapd.example.com",`; !strings.Contains(r.detail(), want) {
+		t.Errorf("detail %q does not name lapd's own origin (%s)", r.detail(), want)
+	}
+	if r := e.do("POST", "/agent/mint", "", "", "Origin", "https://lapd.example.com"); r.status != 200 {
+		t.Errorf("mint from the public origin: %d %s", r.status, r.body)
+	}
+}

@@ -214,7 +214,7 @@ func TestErrorDetails(t *testing.T) {
 		{"malformed token", e.lapCall("agt_nope", "/actions", ""), 401, "auth-failed", []string{"unknown or expired"}, "agt_nope"},
 		{"LAP body too large", e.lapCall(token, "/narrate", big), 413, "payload-too-large", []string{"1 MiB", "smaller body", "split"}, ""},
 		{"meta body too large", e.do("POST", "/agent/mint", "", `{"x":"`+strings.Repeat("x", 64<<10)+`"}`), 413, "payload-too-large", []string{"64 KiB", "smaller body"}, ""},
-		{"meta origin", e.do("POST", "/agent/mint", "", "", "Origin", "https://evil.example"), 403, "forbidden-origin", []string{`"https://evil.example"`, "--origins", "Config.Origins"}, ""},
+		{"meta origin", e.do("POST", "/agent/mint", "", "", "Origin", "https://evil.example"), 403, "forbidden-origin", []string{`"https://evil.example"`, `lapd's own origin, "` + e.srv.URL + `",`, "--origins", "Config.Origins"}, ""},
 		{"ws origin", e.do("GET", "/agent/ws", token, "", "Origin", "https://evil.example", "Connection", "Upgrade", "Upgrade", "websocket", "Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="), 403, "forbidden-origin", []string{"--origins", "Config.Origins"}, ""},
 	}
 	// the LAP rate: burst 1, so the second call is refused

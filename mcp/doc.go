@@ -71,7 +71,8 @@
 // failure of the tool itself is an isError result whose text starts with a
 // code — a LAP code (auth-failed, revoked, paused, rate-limited, timeout,
 // invalid, network, …) or one of ours (unbound, session-required,
-// unknown-session, invalid-arguments) — followed by one sentence saying what
+// unknown-session, invalid-arguments, cancelled: the client cancelled the
+// call) — followed by one sentence saying what
 // to do; structuredContent.error repeats {code, detail, retryAfterMs,
 // reconnect}.
 //

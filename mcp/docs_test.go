@@ -105,7 +105,7 @@ func renderToolsDoc() string {
 			for _, p := range endpoint.props {
 				names = append(names, "`"+p.name+"`")
 			}
-			fmt.Fprintf(&w, "\nOn the HTTP endpoint `connect_session` takes only %s: the base URL is lapd itself.\n", strings.Join(names, ", "))
+			fmt.Fprintf(&w, "\nOn the HTTP endpoint `connect_session` takes only %s: the base URL is lapd itself (a `url`, which the reference's bridge takes, is accepted and ignored).\n", strings.Join(names, ", "))
 		}
 		w.WriteString("\n| output | type | description |\n| --- | --- | --- |\n")
 		for _, p := range append(append([]prop{}, d.out...), errorOut) {
@@ -152,7 +152,7 @@ const sessionsDoc = "`connect_session` returns a handle `session` (`s_` + 16 bas
 	"- **stdio (`lapd mcp`)**: the whole process is one caller. With exactly one binding, tools use it when `session` is omitted; " +
 	"with several, an omitted `session` is an error (`session-required`) that lists the handles and app names.\n" +
 	"- **HTTP, legacy clients (≤ 2025-11-25)**: bindings are scoped to the MCP session id; the same defaulting applies inside one MCP session, " +
-	"and a `DELETE` (or the session's expiry/eviction) drops its bindings.\n" +
+	"and a `DELETE` (or the session's expiry/eviction) drops its bindings. A call that names a handle uses it from any MCP session, or none: the handle is the capability, as below.\n" +
 	"- **HTTP, modern clients (2026-07-28)**: there is no MCP session, so there is no default either: pass `session` on every call. " +
 	"Bindings are global to the server instance, and the unguessable handle is the capability (a client that does not know it cannot use it).\n\n" +
 	"Bounds: 256 bindings in all, 16 per caller, 8 per token (the least recently used is evicted), idle bindings expire after 30 min. " +

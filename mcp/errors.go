@@ -20,7 +20,13 @@ const (
 	CodeUnknownSession   = "unknown-session"   // the handle is not (or no longer) bound
 	CodeInvalidArguments = "invalid-arguments" // the tool arguments are wrong
 	CodeNetwork          = "network"           // lapd unreachable or the call's budget ran out
+	CodeCancelled        = "cancelled"         // the MCP client cancelled the call
 )
+
+// errCancelled answers a call its MCP client cancelled. The client
+// discards it (it asked for the cancel), but logs, metrics and a client that
+// reads it anyway see what happened rather than "network".
+var errCancelled = &toolError{Code: CodeCancelled, Hint: "the client cancelled this call before it finished; call observe to see whether it took effect before repeating it."}
 
 // toolError is a failure the model can act on: a code, one sentence of what
 // to do, and the facts behind it.

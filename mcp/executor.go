@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -198,6 +199,12 @@ func (d toolDef) parseArgs(req mcpgo.CallToolRequest) (args, *toolError) {
 			}
 		}
 	}
+	for _, k := range d.ignored {
+		if _, ok := raw[k].(string); ok {
+			raw = maps.Clone(raw)
+			delete(raw, k)
+		}
+	}
 	inputs := d.inputs()
 	allowed := map[string]bool{}
 	for _, p := range inputs {
@@ -234,7 +241,15 @@ func (d toolDef) parseArgs(req mcpgo.CallToolRequest) (args, *toolError) {
 		}
 	}
 	if d.name == "send_message" && a.has("msg") == a.has("msgs") {
-		return nil, invalidArgs("pass msg (one action) or msgs (several), not both")
+		if a.has("msg") {
+			return nil, invalidArgs("pass msg (one action) or msgs (several), not both")
+		}
+		return nil, invalidArgs("msg or msgs is required: pass msg (one action) or msgs (several), each {\"type\": \"<action>\", ...payload}")
+	}
+	// LAP refuses an empty narration with a bare "text required"; say it
+	// here, with what to do.
+	if d.name == "narrate" && strings.TrimSpace(a.str("text")) == "" {
+		return nil, invalidArgs("text must not be empty: pass one short line for the user to read")
 	}
 	return a, nil
 }
@@ -502,6 +517,11 @@ func (e *Executor) attempts(ctx context.Context, b Binding, route string, body a
 			le = &lap.Error{Code: CodeNetwork, Detail: err.Error()}
 		}
 		if ctx.Err() != nil {
+			if errors.Is(ctx.Err(), context.Canceled) {
+				// The MCP client cancelled the call (notifications/cancelled,
+				// or it went away): nothing is wrong with lapd or the network.
+				return nil, nil, errCancelled
+			}
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) && context.Cause(ctx) != nil {
 				return nil, nil, &toolError{Code: CodeNetwork, Detail: fmt.Sprintf("timed out after %d ms", budget.Milliseconds()),
 					Hint: "lapd did not answer within the call's budget; call observe to see whether it took effect, then retry (with the same idempotencyKey for send_message)."}
@@ -516,6 +536,9 @@ func (e *Executor) attempts(ctx context.Context, b Binding, route string, body a
 		p.Set(fmt.Sprintf("%s; retrying in %d s…", why, seconds(wait)))
 		select {
 		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return nil, nil, errCancelled
+			}
 			return nil, nil, le
 		case <-e.cfg.After(wait):
 		}
@@ -674,7 +697,11 @@ func (e *Executor) disconnect(ctx context.Context, a args, p *progress) (*mcpgo.
 	})
 	if err != nil {
 		if !removed && (errors.Is(err, ErrUnbound) || errors.Is(err, ErrUnknownSession)) {
-			return structuredMap(map[string]any{"status": "not-connected", "session": a.str("session")}), nil
+			r := map[string]any{"status": "not-connected"}
+			if h := a.str("session"); h != "" {
+				r["session"] = h
+			}
+			return structuredMap(r), nil
 		}
 		return nil, bindingError(err, handle, vis)
 	}

@@ -691,6 +691,7 @@ func TestFastPathMirrorsMCPGoUse(t *testing.T) {
 		"WithStateful":                 true, // legacy sessions: accept's session checks
 		"WithStreamableHTTPLogger":     true, // tlog
 		"WithToolFilter":               true, // lapd's filter only orders the list; a call passes it
+		"WithWorkerPoolSize":           true, // the stdio server's, not the endpoint's
 	}
 	// Calls that send notifications or change tools at run time, and where
 	// they are allowed.

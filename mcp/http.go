@@ -80,6 +80,8 @@ type HTTPHandler struct {
 	fast     *fastPath // nil = every request through mcp-go
 	hosts    *hostguard.Guard
 
+	streams streams // open GET streams per legacy session, ended with it
+
 	ipMu sync.Mutex
 	ips  map[string]*rate.Limiter
 }
@@ -147,6 +149,7 @@ func NewHTTPHandler(cfg HTTPConfig) (*HTTPHandler, error) {
 	h.exec = e
 	h.sessions = &sessionTable{cfg: &h.cfg, m: map[string]*httpSession{}, reserved: map[string]int{}, dropped: func(id string) int {
 		fast.forget(id)
+		h.streams.end(id)
 		return e.bindings.DropScope(id)
 	}}
 	h.mcp = mcpserver.NewStreamableHTTPServer(s,
@@ -221,6 +224,11 @@ func (h *HTTPHandler) originAllowed(r *http.Request) bool {
 			return true
 		}
 	}
+	return h.sameOrigin(r, o)
+}
+
+// sameOrigin reports whether origin o is the request's own.
+func (h *HTTPHandler) sameOrigin(r *http.Request, o string) bool {
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
@@ -246,6 +254,23 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusForbidden, "forbidden-origin", 0, "Origin "+strconv.Quote(r.Header.Get("Origin"))+" may not use this MCP endpoint; a page on another origin needs lapd serve --origins (Config.Origins), MCP clients send no Origin")
 		return
 	}
+	switch r.Method {
+	case http.MethodPost, http.MethodGet, http.MethodDelete, http.MethodHead:
+		h.cors(w, r, false)
+	case http.MethodOptions:
+		// A browser's preflight (an allowed origin: the check above
+		// refused the others); without one, the methods served.
+		w.Header().Set("Allow", mcpMethods)
+		h.cors(w, r, true)
+		w.WriteHeader(http.StatusNoContent)
+		return
+	default:
+		// mcp-go answers any other method 404 (text/plain), which reads as
+		// "no endpoint here".
+		w.Header().Set("Allow", mcpMethods)
+		writeJSONError(w, http.StatusMethodNotAllowed, "method-not-allowed", 0, "the MCP endpoint takes POST (JSON-RPC messages), GET (the server's event stream) and DELETE (end the session); send the request with one of them")
+		return
+	}
 	if r.Method == http.MethodPost {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
 		if err != nil {
@@ -259,6 +284,10 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
+		if msg, ok := notOneMessage(body); !ok {
+			writeJSONRPCError(w, http.StatusBadRequest, nil, mcpgo.INVALID_REQUEST, msg)
+			return
+		}
 		// The fast path takes only a tools/call (never an initialize), so
 		// it goes first and spares its requests the check below.
 		if h.fast != nil && h.fast.serve(w, r, body) {
@@ -267,8 +296,16 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Only a legacy initialize mints a session. A modern (2026-07-28)
 		// request named initialize is a removed method (mcp-go answers 404)
 		// and must not spend the caller's session-creation budget.
-		if r.Header.Get(mcpserver.HeaderKeySessionID) == "" && isInitialize(body) && !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) {
-			h.allocate(w, r)
+		if r.Header.Get(mcpserver.HeaderKeySessionID) == "" && !modernRequest(r, body) {
+			if isInitialize(body) {
+				h.allocate(w, r)
+				return
+			}
+			// A legacy message outside a session: 400, as the spec asks of
+			// a server that requires sessions (mcp-go said 404 "Invalid
+			// session ID", which tells a client its session expired).
+			writeJSONRPCError(w, http.StatusBadRequest, requestID(body), mcpgo.INVALID_REQUEST,
+				"Mcp-Session-Id header required: send initialize first and carry the Mcp-Session-Id it returns on every later request (protocol 2025-11-25 and earlier), or send MCP-Protocol-Version 2026-07-28 with the version in params._meta (no session)")
 			return
 		}
 		if h.fast != nil {
@@ -303,7 +340,60 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, `{"error":"session not found"}`+"\n")
 		return
 	}
+	if id := r.Header.Get(mcpserver.HeaderKeySessionID); r.Method == http.MethodGet && id != "" && !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) {
+		// mcp-go ends a GET stream only when the client goes or the server
+		// shuts down: a DELETEd, evicted or expired session kept its
+		// stream (and connection) open for ever. Registered before the
+		// second look, so a DELETE racing this GET ends it either way.
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		defer h.streams.add(id, cancel)()
+		if !h.sessions.known(id) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = io.WriteString(w, `{"error":"session not found"}`+"\n")
+			return
+		}
+		r = r.WithContext(ctx)
+	}
 	h.mcp.ServeHTTP(w, r)
+}
+
+// streams are the open GET streams of legacy sessions.
+type streams struct {
+	mu sync.Mutex
+	m  map[string]map[*context.CancelFunc]bool
+}
+
+// add registers a stream of session id; the returned func unregisters it.
+func (s *streams) add(id string, cancel context.CancelFunc) func() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]map[*context.CancelFunc]bool{}
+	}
+	if s.m[id] == nil {
+		s.m[id] = map[*context.CancelFunc]bool{}
+	}
+	k := &cancel
+	s.m[id][k] = true
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.m[id], k)
+		if len(s.m[id]) == 0 {
+			delete(s.m, id)
+		}
+	}
+}
+
+// end ends every stream of session id.
+func (s *streams) end(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.m[id] {
+		(*c)()
+	}
 }
 
 // known reports whether id is a live session of the table (and marks it
@@ -319,6 +409,98 @@ func (t *sessionTable) known(id string) bool {
 	t.mu.Unlock()
 	t.forget(dropped)
 	return s != nil
+}
+
+// mcpMethods are the HTTP methods the endpoint serves (Allow).
+const mcpMethods = "GET, POST, DELETE, OPTIONS"
+
+// cors adds the CORS headers for a cross-origin browser request from an
+// allowed origin (originAllowed let it through; same-origin requests and
+// clients without an Origin need none). preflight adds what an OPTIONS
+// answer needs. Without them a page on an origin of --origins could send
+// nothing but a form post: every MCP request is a JSON POST (preflighted),
+// and the session id is in a response header the page could not read.
+func (h *HTTPHandler) cors(w http.ResponseWriter, r *http.Request, preflight bool) {
+	o := r.Header.Get("Origin")
+	if o == "" || h.sameOrigin(r, o) {
+		return
+	}
+	hd := w.Header()
+	hd.Set("Access-Control-Allow-Origin", o)
+	hd.Add("Vary", "Origin")
+	if preflight {
+		hd.Set("Access-Control-Allow-Methods", mcpMethods)
+		hd.Set("Access-Control-Allow-Headers", "Content-Type, Accept, Authorization, Mcp-Session-Id, MCP-Protocol-Version, Mcp-Method, Mcp-Name, Last-Event-ID, X-Request-Id")
+		hd.Set("Access-Control-Max-Age", "600")
+		return
+	}
+	hd.Set("Access-Control-Expose-Headers", "Mcp-Session-Id, Retry-After, WWW-Authenticate, X-Request-Id")
+}
+
+// writeJSONRPCError writes a JSON-RPC error response (id nil = null).
+func writeJSONRPCError(w http.ResponseWriter, status int, id any, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	type details struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	_ = json.NewEncoder(w).Encode(struct {
+		JSONRPC string  `json:"jsonrpc"`
+		ID      any     `json:"id"`
+		Error   details `json:"error"`
+	}{mcpgo.JSONRPC_VERSION, id, details{code, msg}})
+}
+
+// notOneMessage reports (with ok false) a body that is valid JSON but not
+// one JSON-RPC message object: mcp-go answers those -32700 "not valid
+// json", which sends a client looking for a syntax error. A batch (an
+// array) was allowed only by protocol 2025-03-26; lapd serves each message
+// in its own POST (docs/PROTOCOL.md). Invalid JSON is left to mcp-go
+// (-32700 is right for it).
+func notOneMessage(body []byte) (string, bool) {
+	b := bytes.TrimLeft(body, " \t\r\n")
+	if len(b) == 0 || b[0] == '{' || !json.Valid(b) {
+		return "", true
+	}
+	if b[0] == '[' {
+		return "JSON-RPC batches are not supported: send each request in its own POST", false
+	}
+	return "the body must be one JSON-RPC message object, like {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\"}", false
+}
+
+// modernRequest reports whether r is a 2026-07-28 (stateless) request, as
+// mcp-go decides it: by the MCP-Protocol-Version header or the version in
+// params._meta.
+func modernRequest(r *http.Request, body []byte) bool {
+	if mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) {
+		return true
+	}
+	if !bytes.Contains(body, []byte(mcpgo.MetaKeyProtocolVersion)) {
+		return false
+	}
+	var m struct {
+		Params struct {
+			Meta *mcpgo.Meta `json:"_meta"`
+		} `json:"params"`
+	}
+	return json.Unmarshal(body, &m) == nil && mcpgo.IsModernProtocol(m.Params.Meta.ProtocolVersion())
+}
+
+// requestID is the id of a JSON-RPC request body (nil when it has none or
+// it is not a string or a number).
+func requestID(body []byte) any {
+	var m struct {
+		ID any `json:"id"`
+	}
+	if json.Unmarshal(body, &m) != nil {
+		return nil
+	}
+	switch m.ID.(type) {
+	case string, float64:
+		return m.ID
+	}
+	return nil
 }
 
 func isInitialize(body []byte) bool {

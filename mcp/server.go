@@ -70,6 +70,12 @@ func newServer(cfg Config, extra ...mcpserver.ServerOption) (*mcpserver.MCPServe
 	return s, e, nil
 }
 
+// StdioWorkers is how many tool calls the stdio bridge runs at once.
+// mcp-go's default is 5: five long polls (wait_for_change, an approval
+// wait, up to two minutes each) held every other call, observe included,
+// in its queue, and the queued calls' budgets ran from when they started.
+const StdioWorkers = 32
+
 // ServeStdio serves MCP over in/out (newline-delimited JSON-RPC) until in
 // reaches EOF (returns nil) or ctx is cancelled (returns nil). cfg.Mode is
 // forced to ModeBridge. Nothing but protocol messages is written to out; logs
@@ -83,6 +89,7 @@ func ServeStdio(ctx context.Context, cfg Config, in io.Reader, out io.Writer) er
 	}
 	ss := mcpserver.NewStdioServer(s)
 	ss.SetErrorLogger(log.New(slogWriter{e}, "", 0))
+	mcpserver.WithWorkerPoolSize(StdioWorkers)(ss)
 	err = ss.Listen(ctx, in, out)
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) || ctx.Err() != nil {
 		return nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -177,4 +178,76 @@ func mustBind(t *testing.T, tbl *Bindings, scope, base, token string) Binding {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// Long calls over stdio must not hold up the others: mcp-go's default pool
+// of 5 workers queued a sixth call (observe included) behind five long
+// polls, found by driving `lapd mcp` with six wait_for_change calls.
+func TestServeStdioLongCallsDoNotBlockOthers(t *testing.T) {
+	// Not parallel: mcp-go's stdio session is process-global.
+	const long = 8
+	bl := &waitBlockingLAP{fakeLAP: newFakeLAP(), entered: make(chan struct{}, long)}
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ServeStdio(ctx, Config{Client: bl}, inR, outW) }()
+	answers := make(chan map[string]any, 16)
+	go func() {
+		dec := json.NewDecoder(outR)
+		for {
+			var m map[string]any
+			if dec.Decode(&m) != nil {
+				close(answers)
+				return
+			}
+			answers <- m
+		}
+	}()
+	send := func(s string) {
+		if _, err := io.WriteString(inW, s+"\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	guard, stop := context.WithTimeout(context.Background(), 20*time.Second)
+	defer stop()
+	await := func(id float64) map[string]any {
+		for {
+			select {
+			case m := <-answers:
+				if m["id"] == id {
+					return m
+				}
+			case <-guard.Done():
+				t.Fatalf("no answer to request %v while %d long calls run", id, long)
+			}
+		}
+	}
+	send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`)
+	await(1)
+	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"connect_session","arguments":{"line":"` + base + ` ` + tokA + `"}}}`)
+	await(2)
+	for i := range long {
+		send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"wait_for_change","arguments":{"timeoutMs":120000}}}`, 100+i))
+	}
+	for i := range long {
+		select {
+		case <-bl.entered:
+		case <-guard.Done():
+			t.Fatalf("only %d of %d wait_for_change calls started", i, long)
+		}
+	}
+	send(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"observe","arguments":{}}}`)
+	if m := await(3); m["result"] == nil {
+		t.Fatalf("observe: %v", m)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("ServeStdio: %v", err)
+	}
+	inW.Close()
+	outW.Close()
+	for range answers {
+	}
 }

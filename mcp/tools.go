@@ -75,6 +75,7 @@ type toolDef struct {
 	required []string // required inputs
 	out      []prop   // documented output properties (none required; errors carry {error})
 	noSess   bool     // no `session` input (connect_session)
+	ignored  []string // string arguments accepted and dropped, unlisted (the endpoint's connect_session url)
 
 	route  string // LAP route ("" = handled locally)
 	budget budgetKind
@@ -178,6 +179,11 @@ func catalogue(mode Mode) []toolDef {
 	}
 	if mode == ModeEndpoint {
 		connect.props = []prop{connect.props[0], connect.props[2], verboseProp}
+		// Models trained on the reference's bridge send {url, token} to the
+		// endpoint too (its connect_session takes {token}, and its schema
+		// library drops the url); the endpoint is its own LAP base, so a
+		// url is dropped here as well instead of costing a refused call.
+		connect.ignored = []string{"url"}
 	}
 	return []toolDef{
 		connect,

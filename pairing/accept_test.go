@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/coder/websocket"
@@ -62,11 +63,15 @@ func TestRefusedBeforeUpgrade(t *testing.T) {
 				t.Errorf("content-type %q", ct)
 			}
 			var body struct {
-				Error struct{ Code string } `json:"error"`
+				Error struct{ Code, Detail string } `json:"error"`
 			}
 			raw, _ := io.ReadAll(resp.Body)
 			if err := json.Unmarshal(raw, &body); err != nil || body.Error.Code != tc.code {
 				t.Fatalf("body %s, want code %q", raw, tc.code)
+			}
+			// Every refusal says what to do, not only what went wrong.
+			if d := body.Error.Detail; len(d) < 40 || !strings.Contains(d, ";") && !strings.Contains(d, ":") {
+				t.Errorf("detail %q does not say what to do", d)
 			}
 			if got := e.reg.Stats().RefusedUpgrades; got != before+1 {
 				t.Errorf("RefusedUpgrades %d → %d", before, got)

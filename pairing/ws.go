@@ -145,6 +145,10 @@ func (r *Registry) refuse(w http.ResponseWriter, req *http.Request, status int, 
 		Detail: map[string]any{"endpoint": wsEndpoint, "status": status, "code": code, "client": ip}})
 }
 
+// detailWSShutting is the refusal's detail while lapd stops: the client
+// retries (Retry-After), and reaches lapd again or another node.
+const detailWSShutting = "lapd is shutting down; reconnect in a few seconds (to this lapd once it is back, or to another node)"
+
 // remoteHost is the peer's address without the port.
 func remoteHost(req *http.Request) string {
 	if h, _, err := net.SplitHostPort(req.RemoteAddr); err == nil {
@@ -241,7 +245,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	r.mu.Unlock()
 	if shutting {
-		r.refuse(w, req, http.StatusServiceUnavailable, "shutting-down", "", "")
+		r.refuse(w, req, http.StatusServiceUnavailable, "shutting-down", detailWSShutting, "")
 		return
 	}
 	defer r.wg.Done()
@@ -257,7 +261,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	token := bearer(req)
 	if token == "" {
-		r.refuse(w, req, http.StatusUnauthorized, "auth-failed", "missing token", "")
+		r.refuse(w, req, http.StatusUnauthorized, "auth-failed", "no token: open the socket with the token /agent/mint gave (wsUrl?token=<token>, the Sec-WebSocket-Protocol entry "+TokenProtocolPrefix+"<token>, or Authorization: Bearer <token>)", "")
 		return
 	}
 	if !isUpgrade(req) {
@@ -273,14 +277,14 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.refuse(w, req, http.StatusUnauthorized, "auth-failed", "this session's socket opens with its tab secret (sub-protocol lapd.tab.<secret>), which only the tab that minted it holds", rec.TID)
 		return
 	case errors.Is(err, tokens.ErrRevoked):
-		r.refuse(w, req, http.StatusForbidden, "revoked", "token revoked", rec.TID)
+		r.refuse(w, req, http.StatusForbidden, "revoked", "this session was revoked (the user disconnected it, or it was replaced); mint a new session (/agent/mint) to connect again", rec.TID)
 		return
 	case errors.Is(err, tokens.ErrMalformed), errors.Is(err, tokens.ErrUnknown), errors.Is(err, tokens.ErrExpired):
-		r.refuse(w, req, http.StatusUnauthorized, "auth-failed", "invalid or expired token", rec.TID)
+		r.refuse(w, req, http.StatusUnauthorized, "auth-failed", "the token is unknown or expired (past its lifetime, or past the grace window after its socket closed); mint a new session (/agent/mint), or claim this one with /agent/resume/claim while it is within its grace window", rec.TID)
 		return
 	case err != nil:
 		r.cfg.Logger.Error("pairing: accepting a token failed", "err", err)
-		r.refuse(w, req, http.StatusInternalServerError, "internal", "token store unavailable", rec.TID)
+		r.refuse(w, req, http.StatusInternalServerError, "internal", "lapd could not read its token store (its log says why); retry in a few seconds", rec.TID)
 		return
 	}
 	if r.cl != nil {
@@ -290,7 +294,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	s := r.reserve(rec.TID)
 	if s == nil {
-		r.refuse(w, req, http.StatusServiceUnavailable, "shutting-down", "", rec.TID)
+		r.refuse(w, req, http.StatusServiceUnavailable, "shutting-down", detailWSShutting, rec.TID)
 		return
 	}
 

@@ -80,6 +80,10 @@ test('feedItems: an approval is one line, updated in place', () => {
     'Expired, not done|Delete every task (0 tasks)|14',
     'Approved by you|Delete every task (6 tasks)|13',
   ])
+  // The answer's own words win: the state may have changed while the card
+  // was up, and the line says what was done then.
+  const answeredLater = feedItems(later, new Map([...notes, ['confirm-c1', { summary: 'Delete every task (7 tasks)' }]]))
+  assert.equal(answeredLater.at(-1).text, 'Delete every task (7 tasks)')
   // An outcome whose proposal left the ring (or came before a reload) stands alone.
   const alone = feedItems([{ id: 'confirm-c3', at: 20, kind: 'rejected', confirmId: 'c3', intent: 'Delete every task', detail: 'rejected by the user' }])
   assert.deepEqual(alone.map((i) => `${i.label}|${i.text}`), ['Rejected by you|Delete every task'])

@@ -43,6 +43,8 @@ test('state machine transitions', async (t) => {
     { name: 'revoked → idle', from: 'active', ev: { type: 'revoked' }, to: 'idle', effects: ['clear', 'close'] },
     { name: 'final close → error', from: 'active', ev: { type: 'close-final', code: 'superseded' }, to: 'error', effects: ['close'] },
     { name: 'disconnect', from: 'active', ev: { type: 'disconnect' }, to: 'idle', effects: ['revoke', 'clear', 'close'] },
+    { name: 'revoke failed after disconnect stays idle', from: 'idle', ev: { type: 'revoke-failed' }, to: 'idle', effects: [] },
+    { name: 'revoke failed after a new connect is ignored', from: 'minting', ev: { type: 'revoke-failed' }, to: 'minting', effects: [] },
     { name: 'resume ok', from: 'failed', ev: { type: 'resume-ok' }, to: 'pending-claude', effects: ['close', 'persist', 'open'] },
   ]
   for (const c of cases) {
@@ -52,6 +54,13 @@ test('state machine transitions', async (t) => {
       assert.deepEqual(types(s), c.effects)
     })
   }
+})
+
+test('state machine: a revoke that did not reach lapd is said, not swallowed', () => {
+  const s = run([{ type: 'mint' }, { type: 'mint-ok' }, { type: 'activated' }, { type: 'disconnect' }, { type: 'revoke-failed' }])
+  assert.equal(s.status, 'idle')
+  assert.match(s.message, /could not be reached/)
+  assert.equal(nextState(s, { type: 'mint' }).message, null)
 })
 
 test('state machine: error carries the code', () => {

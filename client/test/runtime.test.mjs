@@ -394,6 +394,13 @@ test('confirm: reject, confirm-expire, confirm-sync', async () => {
   assert.deepEqual(agent.pendingConfirms().map((c) => [c.id, c.intent, c.status]), [['c9', 'Delete every task', 'pending']])
   ws.frame({ t: 'confirm-sync', pending: [{ confirmId: 'c9', variant: 'clearAll' }] })
   assert.equal(agent.pendingConfirms().length, 1, 'no duplicates')
+  // One proposed here learns lapd's deadline from a confirm-sync that carries it.
+  r = await rpc(ws, 'send_message', { msg: { type: 'clearAll' } })
+  const c = r.reply.result.confirmId
+  assert.equal(agent.pendingConfirms().find((x) => x.id === c).expiresAt, undefined)
+  ws.frame({ t: 'confirm-sync', pending: [{ confirmId: c, variant: 'clearAll', expiresAt: 12345 }] })
+  assert.equal(agent.pendingConfirms().find((x) => x.id === c).expiresAt, 12345)
+  assert.equal(agent.pendingConfirms().length, 2, 'still no duplicates')
   agent.destroy()
 })
 

@@ -24,7 +24,7 @@ import (
 // runAudit is `lapd audit`: print and filter audit entries from the SQLite
 // database in --data-dir (the default sink of `lapd serve`) or a JSONL file.
 func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) error {
-	var dataDir, file, natsURL, clusterName, natsCreds, natsCA, tid, event, since, until, format string
+	var dataDir, file, natsURL, clusterName, natsCreds, natsCA, natsCert, natsKey, tid, event, since, until, format string
 	var limit int
 	fs := newFlagSet("lapd audit", stdout, env)
 	fs.String(&dataDir, "data-dir", "lapd-data", "data directory of lapd serve (reads lapd.db)")
@@ -33,6 +33,8 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	fs.String(&clusterName, "cluster-name", "lapd", "the cluster's --cluster-name (with --nats)")
 	fs.String(&natsCreds, "nats-creds", "", "NATS credentials file (with --nats)")
 	fs.String(&natsCA, "nats-ca", "", "PEM CA of the NATS server's certificate (with --nats)")
+	fs.String(&natsCert, "nats-cert", "", "PEM client certificate for NATS mutual TLS (with --nats and --nats-key)")
+	fs.String(&natsKey, "nats-key", "", "PEM client key for NATS mutual TLS (with --nats and --nats-cert)")
 	fs.StringVar(&tid, "tid", "", "only entries of this session id")
 	fs.StringVar(&event, "event", "", "only these events, comma-separated; a glob such as 'confirm-*' matches several (events: "+strings.Join(audit.Events(), ", ")+")")
 	fs.StringVar(&since, "since", "", "only entries at or after this time: RFC 3339, or a duration ago such as 15m or 2h")
@@ -63,6 +65,12 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	if limit < 0 {
 		return usageError{"--limit must be 0 or more"}
 	}
+	if (natsCert == "") != (natsKey == "") {
+		return usageError{"--nats-cert and --nats-key go together"}
+	}
+	if natsURL == "" && (natsCreds != "" || natsCA != "" || natsCert != "") {
+		return usageError{"--nats-creds, --nats-ca and --nats-cert need --nats (the cluster's audit stream)"}
+	}
 
 	var q audit.Querier
 	if natsURL != "" {
@@ -72,6 +80,9 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		}
 		if natsCA != "" {
 			opts = append(opts, nats.RootCAs(natsCA))
+		}
+		if natsCert != "" {
+			opts = append(opts, nats.ClientCert(natsCert, natsKey))
 		}
 		s, closer, err := lapd.OpenClusterAudit(ctx, natsURL, clusterName, opts...)
 		if err != nil {

@@ -81,6 +81,8 @@ func TestServeFlagsRefuseBadInput(t *testing.T) {
 		{[]string{"--origins", "https://ok.example,ftp://a.example"}, nil, `"ftp://a.example" is not an origin: the scheme must be http or https`},
 		{[]string{"--origins", "http://*.example"}, nil, "wildcards"},
 		{[]string{"--origins", "http://a.example:99999"}, nil, "port"},
+		{[]string{"--public-url", "lapd.example.com"}, nil, `--public-url: "lapd.example.com" is not an origin: it has no scheme`},
+		{[]string{"--public-url", "https://lapd.example.com/app"}, nil, `--public-url: "https://lapd.example.com/app" is not an origin: an origin has no path`},
 		{[]string{"--nats", "nats://127.0.0.1:4222", "--store", "memory"}, nil, "--store memory cannot be shared by a cluster"},
 		{[]string{"--nats", "nats://127.0.0.1:4222", "--nats-cert", "c.pem"}, nil, "--nats-cert and --nats-key go together"},
 		{[]string{"--nats-creds", "x.creds"}, nil, "need --nats"},
@@ -112,6 +114,13 @@ func TestOriginsNormalised(t *testing.T) {
 	}
 	if want := "https://app.example.com,http://localhost:3000,http://a.example"; c.Origins != want {
 		t.Errorf("origins %q, want %q (as browsers send them)", c.Origins, want)
+	}
+	c, err = parseServeFlags([]string{"--public-url", "HTTPS://Lapd.Example.com:443/"}, io.Discard, envMap(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "https://lapd.example.com"; c.PublicURL != want {
+		t.Errorf("public URL %q, want %q (as browsers send it in Origin)", c.PublicURL, want)
 	}
 }
 
@@ -169,6 +178,35 @@ func TestListenURLs(t *testing.T) {
 		got := strings.Join(listenURLs(&net.TCPAddr{IP: net.ParseIP(host), Port: p}, addrs), " ")
 		if got != want {
 			t.Errorf("listenURLs(%s) = %s, want %s", addr, got, want)
+		}
+	}
+}
+
+// The JSON lines a first click prints on stdout are the audit trail: the
+// banner says so, and where lapd audit finds the copy it reads.
+func TestBannerNamesAuditTrail(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "Audit trail:   stdout (one JSON line each); " + filepath.Join("lapd-data", "lapd.db") + " (lapd audit reads it)\n"},
+		{[]string{"--audit", "file:/var/log/lapd.jsonl", "--data-dir", "d"}, "Audit trail:   /var/log/lapd.jsonl; " + filepath.Join("d", "lapd.db") + " (lapd audit reads it)\n"},
+		{[]string{"--store", "memory"}, "Audit trail:   stdout (one JSON line each)\n"},
+		{[]string{"--audit", "none"}, "Audit trail:   off (--audit none)\n"},
+	} {
+		c, err := parseServeFlags(tc.args, io.Discard, envMap(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := lapdConfig(c, io.Discard, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		printBanner(&b, c, a, []string{"http://127.0.0.1:8787"}, "")
+		if !strings.Contains(b.String(), tc.want) {
+			t.Errorf("%v: banner lacks %q:\n%s", tc.args, tc.want, b.String())
 		}
 	}
 }
@@ -327,6 +365,67 @@ func TestRunCommands(t *testing.T) {
 	var ue usageError
 	if !errors.As(err, &ue) {
 		t.Errorf("unknown command: %v", err)
+	}
+}
+
+// lapd audit --nats reaches a cluster whose NATS wants a client certificate,
+// as lapd serve does; the NATS flags without --nats are refused, not ignored.
+func TestAuditNATSFlags(t *testing.T) {
+	t.Parallel()
+	var help bytes.Buffer
+	if err := run(context.Background(), []string{"audit", "--help"}, nil, &help, io.Discard, envMap(nil)); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"--nats-creds", "--nats-ca", "--nats-cert", "--nats-key"} {
+		if !strings.Contains(help.String(), f) {
+			t.Errorf("lapd audit --help lacks %s", f)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"audit", "--nats", "nats://127.0.0.1:1", "--nats-cert", "c.pem"}, "--nats-cert and --nats-key go together"},
+		{[]string{"audit", "--nats-ca", "ca.pem"}, "need --nats"},
+	} {
+		err := run(context.Background(), tc.args, nil, io.Discard, io.Discard, envMap(nil))
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: got %v, want a usage error containing %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// lapd mcp run by hand (stdin a terminal) says what it is for; started by
+// an MCP client (stdin a pipe) it writes nothing but MCP.
+func TestMCPHintOnlyOnATerminal(t *testing.T) {
+	t.Parallel()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	if isTerminal(pr) {
+		t.Error("a pipe (what MCP clients give lapd mcp) counts as a terminal")
+	}
+	if isTerminal(strings.NewReader("")) {
+		t.Error("a reader that is not a file counts as a terminal")
+	}
+	tty, err := os.Open(os.DevNull) // a character device, as a terminal is
+	if err != nil {
+		t.Skip(err)
+	}
+	defer tty.Close()
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"mcp"}, tty, &stdout, &stderr, envMap(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr.String(), "an MCP client starts it") {
+		t.Errorf("lapd mcp on a character device wrote %q to stderr; want the hint", stderr.String())
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("the hint went to stdout, which carries only MCP: %q", stdout.String())
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/lapd-dev/lapd/lap"
@@ -55,9 +56,25 @@ func runMCP(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		}
 		cfg.DefaultURL = base
 	}
+	if isTerminal(stdin) {
+		// Someone typed "lapd mcp" to try it: without a word it just waits.
+		fmt.Fprintln(stderr, "lapd mcp speaks MCP (JSON-RPC) on stdin and stdout: an MCP client starts it, nobody types to it.\n"+
+			"Add it to Claude Desktop or Claude Code as the README's \"Try it\" says, or use lapd serve's /agent/mcp. Ctrl-C stops it.")
+	}
 	log.Info("lapd mcp: serving MCP on stdio", "default_url", url)
 	if err := mcp.ServeStdio(ctx, cfg, stdin, stdout); err != nil {
 		return fmt.Errorf("mcp: %w", err)
 	}
 	return nil
+}
+
+// isTerminal reports whether r is a terminal (a character device), as stdin
+// is when a person runs the command by hand; MCP clients give it a pipe.
+func isTerminal(r io.Reader) bool {
+	f, ok := r.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

@@ -27,6 +27,7 @@ const usage = `lapd lets an LLM drive a live web app, with the human in the loop
 
 Usage:
   lapd serve    run the LAP server, /agent/mcp, the browser client and the demo app
+                (the default: plain "lapd" is "lapd serve")
   lapd mcp      run the stdio MCP bridge (for Claude Desktop / Claude Code)
   lapd audit    print and filter audit entries
   lapd version  print the version

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -230,6 +231,7 @@ func printBanner(w io.Writer, c serveConfig, lcfg lapd.Config, urls []string, ad
 		fmt.Fprintf(w, "  MCP endpoint:  %s/agent/mcp\n", base)
 	}
 	fmt.Fprintf(w, "  LAP base:      %s/agent/lap/v1\n", base)
+	fmt.Fprintf(w, "  Audit trail:   %s\n", auditWhere(lcfg))
 	if adminURL != "" {
 		fmt.Fprintf(w, "  Admin console: %s/admin/   (metrics: %s/metrics; not on the public address)\n", adminURL, adminURL)
 	}
@@ -247,6 +249,29 @@ func printBanner(w io.Writer, c serveConfig, lcfg lapd.Config, urls []string, ad
 			"  signed-in user, set --identity-cookie or --jwt-cookie/--jwt-header (lapd serve --help).\n", why)
 	}
 	fmt.Fprintln(w)
+}
+
+// auditWhere says where the audit entries go, for the banner: the JSON
+// lines that appear on stdout at the first click are the audit trail, and
+// lapd audit reads the SQLite copy.
+func auditWhere(cfg lapd.Config) string {
+	var to []string
+	if cfg.AuditStdout {
+		to = append(to, "stdout (one JSON line each)")
+	}
+	if cfg.AuditFile != "" {
+		to = append(to, cfg.AuditFile)
+	}
+	if cfg.AuditSQLite {
+		to = append(to, filepath.Join(cfg.DataDir, "lapd.db")+" (lapd audit reads it)")
+	}
+	if cfg.AuditNATS {
+		to = append(to, "the cluster's stream (lapd audit --nats)")
+	}
+	if len(to) == 0 {
+		return "off (--audit none)"
+	}
+	return strings.Join(to, "; ")
 }
 
 // redactURL drops user info (credentials) from NATS URLs for the log.

@@ -76,7 +76,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	var c serveConfig
 	fs := newFlagSet("lapd serve", out, env)
 	fs.String(&c.Addr, "addr", "127.0.0.1:8787", "listen address")
-	fs.String(&c.PublicURL, "public-url", "", "public base URL when behind a proxy (e.g. https://app.example.com); default: from each request")
+	fs.String(&c.PublicURL, "public-url", "", "the origin users reach lapd at when it is behind a proxy, scheme://host[:port] such as https://app.example.com (no path: lapd serves /agent/ there); the connect line and the banner use it; default: from each request")
 	fs.String(&c.DataDir, "data-dir", "lapd-data", "directory for the SQLite database (tokens, pending approvals, audit)")
 	fs.String(&c.Store, "store", "sqlite", "token and approval store: sqlite (in --data-dir) or memory (lost on restart)")
 	fs.String(&c.Origins, "origins", "", "comma-separated extra origins allowed for the WebSocket, CORS on meta routes and /agent/mcp, each scheme://host[:port] such as https://app.example.com (same origin is always allowed)")
@@ -92,7 +92,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.Duration(&c.PingInterval, "heartbeat", 15*time.Second, "WebSocket heartbeat interval; a tab silent for two and a half is closed (a hidden one: 2.5 minutes at least)")
 	fs.Int(&c.LAPRate, "lap-rate", 30, "LAP calls per minute per token (burst the same)")
 	fs.Int(&c.MintRate, "mint-rate", 30, "mints per minute per identity or client IP (burst the same)")
-	fs.String(&c.Audit, "audit", "stdout", "audit sinks, comma-separated: stdout, file:PATH, sqlite (in --data-dir), nats (the cluster's stream; on by default with --nats), none")
+	fs.String(&c.Audit, "audit", "stdout", "audit sinks, comma-separated: stdout, file:PATH, sqlite (in --data-dir), nats (the cluster's stream; on by default with --nats), none; with --store sqlite a copy goes to lapd.db in --data-dir too, for lapd audit, unless none")
 	fs.String(&c.AuditRetention, "audit-retention", "30d,1GiB", "what the file and sqlite audit sinks keep: a maximum age (30d, 12h) and/or size (1GiB, 500MB), comma-separated; off = everything")
 	fs.String(&c.LogLevel, "log-level", "info", "debug, info, warn, error")
 	fs.String(&c.LogFormat, "log-format", "text", "text or json (logs go to stderr)")
@@ -100,7 +100,7 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	fs.Bool(&c.MCP, "mcp", true, "serve the MCP Streamable HTTP endpoint at /agent/mcp")
 	fs.Bool(&c.MCPFastPath, "mcp-fast-path", true, "answer plain tools/call requests at /agent/mcp without mcp-go's JSON-RPC machinery (same bytes, less CPU); false sends every request through mcp-go")
 	fs.String(&c.Tools, "tools", "core", "MCP tools listed at /agent/mcp: core (connect_session, observe, send_message, get_confirm_result, wait_for_change, narrate) or all (16); every tool answers when called by name")
-	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
+	fs.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown (SIGINT, SIGTERM) may take: in-flight calls get half of it, then tabs are told to reconnect and the audit is written out")
 	fs.String(&c.Pprof, "pprof", "", "serve Go's profiler (net/http/pprof) on this separate address, e.g. 127.0.0.1:6060; off by default, never expose it")
 	fs.String(&c.AdminAddr, "admin-addr", "", "serve the admin console (/admin/), /metrics, pprof and health on this separate address, e.g. 127.0.0.1:9090 (a bare :9090 means loopback); off when empty")
 	fs.String(&c.AdminToken, "admin-token", "", "token required by the admin listener (at least 16 characters; prefer the env variable to the flag, which other users can see in ps); without it only loopback clients are served")
@@ -223,6 +223,16 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 		return c, err
 	}
 	c.Origins = strings.Join(origins, ",")
+	if c.PublicURL != "" {
+		// lapd serves its routes at /agent on this origin: a path would be
+		// dropped from the connect line but kept in the banner, and the
+		// page's Origin would never match it.
+		u, err := lapd.CleanOrigin(c.PublicURL)
+		if err != nil {
+			return c, usageError{"--public-url: " + err.Error()}
+		}
+		c.PublicURL = u
+	}
 	return c, nil
 }
 

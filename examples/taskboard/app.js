@@ -199,7 +199,8 @@ function taskItem(t) {
     label.addEventListener('dblclick', edit)
     label.addEventListener('keydown', (e) => { if (e.key === 'Enter') edit() })
   }
-  return h('li', { class: `task${t.done ? ' is-done' : ''}`, 'data-agent': 'task', 'data-task-id': String(t.id) }, box, label, move)
+  // The label around the checkbox is its tap target (44 px on a phone).
+  return h('li', { class: `task${t.done ? ' is-done' : ''}`, 'data-agent': 'task', 'data-task-id': String(t.id) }, h('label', { class: 'check' }, box), label, move)
 }
 
 function render() {
