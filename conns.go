@@ -72,6 +72,10 @@ type connClient struct {
 	conns map[*connEntry]struct{}
 }
 
+// lowOpenFileLimit is the open-file limit under which lapd warns at start
+// (Go raises the soft limit to the hard one; usual hosts allow far more).
+const lowOpenFileLimit = 4096
+
 // newConnLimits resolves the configured caps: per client 0 = the default,
 // < 0 = none, and none behind a trusted proxy (every connection then comes
 // from the proxy: cap clients there); in all 0 = three quarters of the

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/lapd-dev/lapd/tokens"
@@ -54,6 +57,9 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	checks := []check{s.checkDraining(), s.checkStore(r.Context()), s.auditHealth.check(s)}
+	if c, ok := s.dbFile.check(s); ok {
+		checks = append(checks, c)
+	}
 	if s.nc != nil {
 		checks = append(checks, s.checkNATS())
 	}
@@ -130,4 +136,45 @@ func (h *auditHealth) check(s *Server) check {
 			now.Sub(failedAt).Round(time.Second), s.audit.Failures(), s.audit.Dropped())}
 	}
 	return check{"audit", true, fmt.Sprintf("%d entries recorded, %d queued, %d failed writes since start", s.audit.Recorded(), s.audit.Queued(), s.audit.Failures())}
+}
+
+// dbFile is lapd.db as lapd opened it. A database file removed or replaced
+// under a running lapd (by hand, by a clean-up of /tmp, by a restore into a
+// live data dir) is not noticed by SQLite: lapd wrote on into the unlinked
+// file, /readyz said ready, and at the next start every token, pending
+// approval and audit entry of the run was gone. /readyz now says so.
+type dbFile struct {
+	path   string
+	opened os.FileInfo // nil: no database file
+
+	logged atomic.Bool // the ERROR line was written
+}
+
+func (d *dbFile) remember(path string) {
+	if fi, err := os.Stat(path); err == nil {
+		d.path, d.opened = path, fi
+	}
+}
+
+// check reports whether lapd.db is still the file lapd opened; ok is false
+// when lapd has no database file.
+func (d *dbFile) check(s *Server) (_ check, ok bool) {
+	if d.opened == nil {
+		return check{}, false
+	}
+	fi, err := os.Stat(d.path)
+	if err == nil && os.SameFile(fi, d.opened) {
+		return check{"database", true, d.path + " is the file lapd opened"}, true
+	}
+	what := "was removed"
+	if err == nil {
+		what = "was replaced by another file"
+	}
+	msg := d.path + " " + what + " while lapd runs: lapd still writes to the file it opened, which is lost when lapd stops " +
+		"(tokens, pending approvals, the audit trail); to keep them, copy the open lapd.db and lapd.db-wal from /proc/" +
+		strconv.Itoa(os.Getpid()) + "/fd to a safe place before you stop lapd; restart lapd to use what is at that path now"
+	if d.logged.CompareAndSwap(false, true) {
+		s.log.Error("lapd: the database file "+what+" while lapd runs; what lapd writes is lost when it stops (/readyz says what to do)", "path", d.path)
+	}
+	return check{"database", false, msg}, true
 }

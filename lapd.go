@@ -56,6 +56,7 @@ type Server struct {
 	budgets      keptBudgets // the parts' byte budgets, for /metrics
 
 	db      *sql.DB
+	dbFile  dbFile // lapd.db as opened, for /readyz
 	closers []io.Closer
 	nc      *nats.Conn // the cluster's NATS connection; nil on a single node
 	ownNC   bool       // opened from NATSURL: closed last
@@ -90,6 +91,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 				closeSinks(cfg.AuditSinks)
 			}
 			s.closeAll()
+			err = withDBAdvice(cfg.DataDir, err)
 		}
 	}()
 	if s.prefix, err = cleanPrefix(cfg.Prefix); err != nil {
@@ -218,6 +220,13 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s.perim = newPerimeter(s.routes(), s.servedHosts(), cfg.BodyReadTimeout, s.audit)
 	s.conns = newConnLimits(cfg)
+	if n := openFileLimit(); n > 0 && n < lowOpenFileLimit {
+		// Tabs' WebSockets are not capped by MaxConns: with a low limit
+		// they took every descriptor, and then nothing, /healthz
+		// included, could connect ("accept4: too many open files").
+		s.log.Warn("lapd: the open-file limit is low: tabs, connections and lapd's own files must fit in it, and past it nothing can connect; raise it (ulimit -n, or LimitNOFILE= in a systemd unit)",
+			"limit", n, "want_at_least", lowOpenFileLimit)
+	}
 	s.conns.logWarn = s.log.Warn
 	s.conns.auditLimit = func(key string, e audit.Entry) { s.audit.RecordLimited(context.Background(), key, e) }
 	s.handler = s.perim

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -511,5 +513,43 @@ func TestMCPSessionLimits(t *testing.T) {
 	}
 	if st, _, b := do(t, "POST", srv.URL+"/agent/mcp", "", list, append(hdr, "Mcp-Session-Id", first)...); st != http.StatusNotFound {
 		t.Errorf("tools/list on the session evicted by MCPSessions.Max 1: %d %s, want 404", st, b)
+	}
+}
+
+// lapd.db removed or replaced under a running lapd: SQLite writes on into
+// the unlinked file, and at the next start the run's tokens, approvals and
+// audit were gone while /readyz had said ready all along. Now /readyz says
+// not ready, naming the file and what to do.
+func TestReadyzNoticesTheDatabaseFileGone(t *testing.T) {
+	t.Parallel()
+	for _, replace := range []bool{false, true} {
+		dir := t.TempDir()
+		_, srv, _ := start(t, lapd.Config{DataDir: dir, AllowAnonymous: true})
+		readyz := func() (int, string) {
+			res, err := http.Get(srv.URL + "/readyz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close()
+			b, _ := io.ReadAll(res.Body)
+			return res.StatusCode, string(b)
+		}
+		if st, body := readyz(); st != 200 || !strings.Contains(body, `"name":"database","ok":true`) {
+			t.Fatalf("readyz at start: %d %s", st, body)
+		}
+		db := filepath.Join(dir, "lapd.db")
+		if err := os.Rename(db, db+".moved"); err != nil {
+			t.Fatal(err)
+		}
+		want := "was removed"
+		if replace {
+			if err := os.WriteFile(db, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			want = "was replaced"
+		}
+		if st, body := readyz(); st != 503 || !strings.Contains(body, `"name":"database","ok":false`) || !strings.Contains(body, want) {
+			t.Errorf("readyz with lapd.db gone (replaced %v): %d %s", replace, st, body)
+		}
 	}
 }

@@ -72,6 +72,7 @@ func (s *Server) openStores(ctx context.Context, cfg Config) (tokens.Store, conf
 				return nil, nil, fmt.Errorf("lapd: %w", err)
 			}
 			s.db = db
+			s.dbFile.remember(filepath.Join(cfg.DataDir, "lapd.db"))
 		}
 	case "sqlite":
 		if cfg.DataDir == "" {
@@ -86,6 +87,7 @@ func (s *Server) openStores(ctx context.Context, cfg Config) (tokens.Store, conf
 			return nil, nil, fmt.Errorf("lapd: %w", err)
 		}
 		s.db = db
+		s.dbFile.remember(filepath.Join(cfg.DataDir, "lapd.db"))
 		if cfg.TokenStore == nil {
 			ts, err := tokens.NewSQLiteStoreDB(db)
 			if err != nil {
@@ -296,14 +298,28 @@ func OpenAudit(dataDir string) (audit.Querier, io.Closer, error) {
 	}
 	db, err := sqlitedb.Open(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("lapd: %w", err)
+		return nil, nil, withDBAdvice(dataDir, fmt.Errorf("lapd: %w", err))
 	}
 	q, err := audit.NewSQLiteSink(db)
 	if err != nil {
 		db.Close()
-		return nil, nil, fmt.Errorf("lapd: %w", err)
+		return nil, nil, withDBAdvice(dataDir, fmt.Errorf("lapd: %w", err))
 	}
 	return q, db, nil
+}
+
+// withDBAdvice adds to err, on a line of its own, what to do about it when
+// it is an error of DataDir/lapd.db that an operator can act on (damaged,
+// unreadable, read-only, full, locked): lapd used to stop with SQLite's
+// words only ("file is not a database (26)").
+func withDBAdvice(dataDir string, err error) error {
+	if dataDir == "" {
+		return err
+	}
+	if a := sqlitedb.Advice(filepath.Join(dataDir, "lapd.db"), err); a != "" {
+		return fmt.Errorf("%w\n%s", err, a)
+	}
+	return err
 }
 
 // peerListen is the peer link's address for pairing.Config: none on a

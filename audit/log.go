@@ -103,6 +103,8 @@ type Log struct {
 
 	lim limiter
 
+	sinkFails map[int]*sinkFailLog // by sink index; the writer's only
+
 	recorded, failures, drops, late atomic.Int64
 
 	closeOnce sync.Once
@@ -324,23 +326,55 @@ func (l *Log) write(entries []Entry) {
 	}
 	b.encode()
 	ctx := context.Background()
-	for _, s := range l.cfg.Sinks {
+	for i, s := range l.cfg.Sinks {
 		if bs, ok := s.(BatchSink); ok {
 			if err := bs.WriteBatch(ctx, b); err != nil {
 				l.failures.Add(int64(len(entries)))
-				l.cfg.Logger.Warn("audit: sink write failed; entries not stored there",
-					"sink", fmt.Sprintf("%T", s), "entries", len(entries), "event", entries[0].Event, "tid", entries[0].TID, "err", err)
+				l.logSinkFailure(i, s, int64(len(entries)), entries[0], err)
 			}
 			continue
 		}
 		for _, e := range entries {
 			if err := s.Write(ctx, e); err != nil {
 				l.failures.Add(1)
-				l.cfg.Logger.Warn("audit: sink write failed; entry not stored there",
-					"sink", fmt.Sprintf("%T", s), "event", e.Event, "tid", e.TID, "err", err)
+				l.logSinkFailure(i, s, 1, e, err)
 			}
 		}
 	}
+}
+
+// sinkFailLogEvery is how often a failing sink is logged again.
+const sinkFailLogEvery = 10 * time.Second
+
+// sinkFailLog is the throttle of one sink's failure lines.
+type sinkFailLog struct {
+	at      time.Time // last line
+	pending int64     // entries failed since, not yet in a line
+}
+
+// logSinkFailure logs that n entries (the first of them e) were not stored
+// in sink i: the first failure at once, then at most one line every
+// sinkFailLogEvery with the count since the last line (Failures, the
+// metrics and /readyz count every entry). A full disk used to log a line
+// per batch, or per entry for a sink without batches: thousands a second,
+// often onto the same full disk. Called by the writer only.
+func (l *Log) logSinkFailure(i int, sink Sink, n int64, e Entry, err error) {
+	if l.sinkFails == nil {
+		l.sinkFails = make(map[int]*sinkFailLog)
+	}
+	f := l.sinkFails[i]
+	now := l.cfg.Clock()
+	if f == nil {
+		f = &sinkFailLog{}
+		l.sinkFails[i] = f
+	} else if now.Sub(f.at) < sinkFailLogEvery {
+		f.pending += n
+		return
+	}
+	n += f.pending
+	f.at, f.pending = now, 0
+	l.cfg.Logger.Warn("audit: sink write failed; entries not stored there (logged at most every 10 s; lapd_audit_sink_failures_total counts them all)",
+		"sink", fmt.Sprintf("%T", sink), "entries", n, "event", e.Event, "tid", e.TID, "err", err)
 }
 
 // Flush waits until every entry recorded before the call has been handed to

@@ -166,35 +166,51 @@ func TestRecordCapsLongStrings(t *testing.T) {
 	}
 }
 
+// A failing sink is logged at once, then at most every 10 s with the count
+// since (it was a line per batch, or per entry: thousands a second on a
+// full disk); Failures counts every entry.
 func TestFailingSinkIsCountedAndLogged(t *testing.T) {
 	t.Parallel()
 	var logs bytes.Buffer
 	bad := &memSink{fail: errors.New("disk full")}
 	good := &memSink{}
+	var mu sync.Mutex
+	now := time.Unix(1700000000, 0)
 	l := audit.New(audit.Config{
 		Sinks:  []audit.Sink{bad, good},
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
+		Clock:  func() time.Time { mu.Lock(); defer mu.Unlock(); return now },
 	})
 	for range 3 {
 		l.Record(t.Context(), audit.Entry{TID: "t1", Event: audit.EventMint})
 		flush(t, l) // one batch each
 	}
-	if l.Failures() != 3 {
-		t.Errorf("Failures = %d, want 3", l.Failures())
+	mu.Lock()
+	now = now.Add(10 * time.Second)
+	mu.Unlock()
+	l.Record(t.Context(), audit.Entry{TID: "t2", Event: audit.EventClaim})
+	flush(t, l)
+	if l.Failures() != 4 {
+		t.Errorf("Failures = %d, want 4", l.Failures())
 	}
-	if n := len(good.all()); n != 3 {
-		t.Errorf("the healthy sink got %d entries, want 3", n)
+	if n := len(good.all()); n != 4 {
+		t.Errorf("the healthy sink got %d entries, want 4", n)
 	}
 	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("want one warning per failed batch, got %d lines:\n%s", len(lines), logs.String())
+	if len(lines) != 2 {
+		t.Fatalf("want a warning at the first failure and one 10 s later, got %d lines:\n%s", len(lines), logs.String())
 	}
-	var rec map[string]any
-	if err := json.Unmarshal([]byte(lines[0]), &rec); err != nil {
-		t.Fatal(err)
-	}
-	if rec["level"] != "WARN" || rec["sink"] != "*audit_test.memSink" || rec["err"] != "disk full" || rec["event"] != "mint" {
-		t.Errorf("warning = %v", rec)
+	for i, want := range []struct {
+		event   string
+		entries float64
+	}{{"mint", 1}, {"claim", 3}} {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(lines[i]), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec["level"] != "WARN" || rec["sink"] != "*audit_test.memSink" || rec["err"] != "disk full" || rec["event"] != want.event || rec["entries"] != want.entries {
+			t.Errorf("warning %d = %v, want event %s, entries %v", i, rec, want.event, want.entries)
+		}
 	}
 }
 

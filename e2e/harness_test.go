@@ -123,7 +123,9 @@ func launchCmd(tb testing.TB, cmd *exec.Cmd, dataDir string) *server {
 	tb.Helper()
 	cmd.Env = append(os.Environ(), "LAPD_ADDR=", "LAPD_DATA_DIR=")
 	s := &server{DataDir: dataDir, cmd: cmd, stderr: &syncBuffer{}, audit: &syncBuffer{}, done: make(chan struct{}), urlc: make(chan string, 1)}
-	cmd.Stdout = s.audit
+	if cmd.Stdout == nil { // a test may give lapd a stdout of its own
+		cmd.Stdout = s.audit
+	}
 	pr, pw := io.Pipe()
 	cmd.Stderr = io.MultiWriter(s.stderr, pw)
 	if err := cmd.Start(); err != nil {

@@ -38,12 +38,12 @@ const (
 // storeErr answers a token-store failure: 503 unavailable with Retry-After
 // when the store did not answer (storeerr.Unavailable: in a cluster, NATS
 // electing a stream leader or unreachable) and the caller is still there,
-// else 500 internal with what.
+// else 500 internal with what (and err as the cause lapd logs).
 func storeErr(ctx context.Context, err error, what string) *apiError {
 	if storeerr.Unavailable(err) && ctx.Err() == nil {
 		return unavailable("the session store did not answer (in a cluster: NATS is electing a leader or cannot be reached); retry in a few seconds")
 	}
-	return errf(http.StatusInternalServerError, CodeInternal, what)
+	return &apiError{status: http.StatusInternalServerError, code: CodeInternal, detail: what, cause: err}
 }
 
 // unavailable is the 503 for a store that did not answer (token store,
@@ -64,6 +64,9 @@ type apiError struct {
 	// valid (RFC 6750 error="invalid_token").
 	invalidToken bool
 	inDoubt      bool // the tab may have acted on the call (an rpc frame was sent): not on the wire
+	// cause is the error behind a 500 (a store's own error: disk full,
+	// read-only, corrupt): logged by logFailure, never sent.
+	cause error
 }
 
 func errf(status int, code, detail string) *apiError {

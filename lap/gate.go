@@ -105,6 +105,7 @@ func (s *Server) lapCall(w http.ResponseWriter, r *http.Request, ctx context.Con
 		return e.status
 	}
 	if !s.enter() {
+		s.auditRefusal(ctx, r, "", s.cfg.BasePath+route, errShuttingDown)
 		writeError(w, errShuttingDown)
 		return errShuttingDown.status
 	}
@@ -125,6 +126,7 @@ func (s *Server) lapCall(w http.ResponseWriter, r *http.Request, ctx context.Con
 	}
 	if e != nil {
 		s.auditRefusal(c.ctx, r, c.tid, s.cfg.BasePath+route, e)
+		s.logFailure(s.cfg.BasePath+route, e)
 		writeError(w, e)
 		return e.status
 	}

@@ -384,6 +384,17 @@ func TestDrain(t *testing.T) {
 	if r := e.do("POST", "/agent/mint", "", ""); r.code() != "shutting-down" {
 		t.Errorf("mint while draining: %s", r.body)
 	}
+	// Every refusal is audited, these two too (they were not: an operator
+	// counting the 503s of a restart found fewer refused entries).
+	refused := map[string]bool{}
+	for _, en := range e.sink.events(audit.EventRefused) {
+		if en.Detail["code"] == "shutting-down" {
+			refused[en.Detail["endpoint"].(string)] = true
+		}
+	}
+	if !refused["/agent/lap/v1/state"] || !refused["/agent/mint"] {
+		t.Errorf("refusals while draining audited for %v, want /agent/lap/v1/state and /agent/mint", refused)
+	}
 	idle := make(chan error, 1)
 	go func() { idle <- e.lap.WaitIdle(context.Background()) }()
 	close(release)

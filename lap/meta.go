@@ -62,6 +62,7 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 		return
 	}
 	if !s.enter() {
+		s.auditRefusal(r.Context(), r, "", path, errShuttingDown)
 		writeError(w, errShuttingDown)
 		return
 	}
@@ -114,6 +115,7 @@ func (s *Server) serveMeta(w http.ResponseWriter, r *http.Request, path string, 
 		if e.status != http.StatusBadRequest {
 			s.auditRefusal(m.ctx, m.r, "", path, e)
 		}
+		s.logFailure(path, e)
 		writeError(w, e)
 		return
 	}

@@ -189,7 +189,7 @@ func (c *call) message(b *messageBody, sm splitMsg, reason, key string) (any, *a
 		case CodeShuttingDown:
 			return nil, errShuttingDown
 		}
-		return nil, errf(http.StatusInternalServerError, CodeInternal, "recording the approval: "+err.Error())
+		return nil, &apiError{status: http.StatusInternalServerError, code: CodeInternal, detail: "lapd could not record the approval (a storage error on the server, in its log); the app withdrew it", cause: err}
 	}
 	release()
 	// The tab learns the approval's deadline (expiresAt), which its

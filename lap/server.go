@@ -125,6 +125,10 @@ type Server struct {
 	shedLogMu sync.Mutex
 	shedLogAt time.Time
 
+	failLogMu  sync.Mutex
+	failLogAt  time.Time
+	failUnlogd int // failures since the last line
+
 	mu       sync.Mutex
 	inflight int
 	draining bool
@@ -394,4 +398,34 @@ func (s *Server) logShed(what, tid string, n int) {
 	s.shedLogAt = now
 	s.shedLogMu.Unlock()
 	s.log.Warn("lap: kept "+what+" data over its byte budget; dropped the oldest of the heaviest session (see Stats)", "tid", tid, "bytes", n)
+}
+
+// logFailure logs a call answered 500 with its cause (a store that cannot
+// write its data: disk full, read-only, corrupt), which the caller is not
+// told: without it, mints and approvals failed with "internal" and the
+// log said nothing. At most one line a second; the next says how many
+// failed in between.
+func (s *Server) logFailure(endpoint string, e *apiError) {
+	if e.status != http.StatusInternalServerError {
+		return
+	}
+	s.failLogMu.Lock()
+	now := time.Now()
+	if now.Sub(s.failLogAt) < time.Second {
+		s.failUnlogd++
+		s.failLogMu.Unlock()
+		return
+	}
+	s.failLogAt = now
+	n := s.failUnlogd
+	s.failUnlogd = 0
+	s.failLogMu.Unlock()
+	args := []any{"endpoint", endpoint, "answered", e.detail}
+	if e.cause != nil {
+		args = append(args, "err", e.cause.Error())
+	}
+	if n > 0 {
+		args = append(args, "also_failed_since_last_line", n)
+	}
+	s.log.Error("call failed on the server (500 internal); if the error names the database or the disk, check the data directory's free space and permissions", args...)
 }

@@ -1,10 +1,14 @@
 package lap_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -200,5 +204,51 @@ func TestConfirmResultStoreUnavailable(t *testing.T) {
 	ds.down.Store(false)
 	if r := e.lapCall(token, "/confirm-result", `{"confirmId":"c-elsewhere","timeoutMs":5000}`); r.status != 400 || r.code() != lap.CodeInvalid {
 		t.Fatalf("confirm-result of an id the store does not hold = %d %s, want 400 invalid", r.status, r.body)
+	}
+}
+
+// fullStore fails as the SQLite token store fails on a full disk.
+type fullStore struct{ tokens.Store }
+
+func (fullStore) Create(context.Context, tokens.Record) error {
+	return errors.New("tokens: insert: database or disk is full (13)")
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A store that fails for good (disk full, read-only, corrupt) answers 500
+// internal, and the log says why: an operator whose disk filled up saw
+// "mint failed" answers and not one log line.
+func TestStoreFailureIsLogged(t *testing.T) {
+	t.Parallel()
+	logs := &lockedBuffer{}
+	e := newEnv(t, func(c *envCfg) {
+		c.wrapStore = func(s tokens.Store) tokens.Store { return fullStore{s} }
+		c.lap.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	r := e.do("POST", "/agent/mint", "", "")
+	if r.status != 500 || r.code() != lap.CodeInternal {
+		t.Fatalf("mint on a full disk = %d %s, want 500 internal", r.status, r.body)
+	}
+	if strings.Contains(string(r.body), "disk") {
+		t.Errorf("the store's own error reached the caller: %s", r.body)
+	}
+	if l := logs.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "database or disk is full") || !strings.Contains(l, "/agent/mint") {
+		t.Errorf("log after a failed mint:\n%s\nwant an ERROR line with the endpoint and the store's error", l)
 	}
 }

@@ -130,6 +130,9 @@ func (e inDoubt) Unwrap() []error { return []error{e.err, ErrOutcomeUnknown} }
 // Defaults for the zero values of Config, and fixed limits.
 const (
 	DefaultPingInterval = 15 * time.Second
+	// MinPingInterval is the shortest PingInterval; a shorter one is
+	// raised to it (1ns made the registry's ticker panic at the first tab).
+	MinPingInterval = 100 * time.Millisecond
 	// HiddenBeat is the heartbeat interval lapd expects at least from a tab
 	// that says its page is hidden: browsers run a hidden page's repeating
 	// timers about once a minute (Chrome once the page has been hidden
@@ -290,7 +293,7 @@ type Config struct {
 	AllowedOrigins []string        // exact Origin values allowed besides same-origin
 	TrustProxy     int             // > 0: same-origin is judged from X-Forwarded-Proto/-Host (set by trusted proxies only)
 	PublicURL      string          // the public origin (https://app.example.com), always allowed
-	PingInterval   time.Duration   // default 15s; a tab that misses two pongs is closed
+	PingInterval   time.Duration   // default 15s, at least MinPingInterval; a tab that misses two pongs is closed
 	RPCTimeout     time.Duration   // default 15s (Call with timeout 0)
 	SendQueue      int             // frames queued per tab; default 256; full → tab closed
 	WriteTimeout   time.Duration   // default 10s; checked every registry tick (at most 1s)
@@ -412,6 +415,7 @@ func New(cfg Config) (*Registry, error) {
 		}
 	}
 	def(&cfg.PingInterval, DefaultPingInterval)
+	cfg.PingInterval = max(cfg.PingInterval, MinPingInterval)
 	def(&cfg.RPCTimeout, DefaultRPCTimeout)
 	def(&cfg.WriteTimeout, DefaultWriteTimeout)
 	def(&cfg.Retention, DefaultRetention)

@@ -682,3 +682,21 @@ func TestWriteTimeoutClosesStuckTab(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// A PingInterval of 1ns made the registry's loop call time.NewTicker(0),
+// which panicked at the first tab (lapd serve --heartbeat 1ns crashed).
+// It is raised to MinPingInterval.
+func TestTinyPingIntervalIsRaised(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.PingInterval = time.Nanosecond })
+	tok, tid := e.mint("")
+	tb := e.dial(tok, dialOpts{})
+	tb.send(map[string]any{"t": "hello", "appName": "demo", "lapVersion": 2})
+	ack := tb.expect("hello-ack")
+	if ack["heartbeatMs"] != float64(MinPingInterval.Milliseconds()) {
+		t.Fatalf("hello-ack heartbeatMs %v, want %d", ack["heartbeatMs"], MinPingInterval.Milliseconds())
+	}
+	if got := recv(t, e.paired); got != tid {
+		t.Fatalf("OnPaired(%q)", got)
+	}
+}

@@ -15,20 +15,30 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
+// stopSignals end `lapd serve` gracefully; a second one stops it at once.
+var stopSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too: a terminal closed under `lapd serve` (an ssh session
+	// that ends) killed it at once by Go's default, losing the queued audit
+	// entries and cutting in-flight calls; it now stops as gracefully as
+	// SIGTERM.
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
+		// The library's errors start with "lapd: " too: say it once.
+		msg := strings.TrimPrefix(err.Error(), "lapd: ")
 		var ue usageError
 		if errors.As(err, &ue) {
-			fmt.Fprintln(os.Stderr, "lapd:", err)
+			fmt.Fprintln(os.Stderr, "lapd:", msg)
 			os.Exit(2)
 		}
-		fmt.Fprintln(os.Stderr, "lapd:", err)
+		fmt.Fprintln(os.Stderr, "lapd:", msg)
 		os.Exit(1)
 	}
 }

@@ -47,6 +47,18 @@ func TestServeFlagsRefuseBadInput(t *testing.T) {
 		{[]string{"--store", "redis"}, nil, "--store must be sqlite or memory"},
 		{[]string{"--allow-anonymous", "maybe"}, nil, "--allow-anonymous must be"},
 		{[]string{"--lap-rate", "0"}, nil, "must be positive"},
+		{[]string{"--heartbeat", "1ns"}, nil, "--heartbeat 1ns: must be at least 1s"},
+		{[]string{"--heartbeat", "0s"}, nil, "--heartbeat 0s: must be at least 1s"},
+		{[]string{"--token-ttl", "-1h"}, nil, "--token-ttl -1h0m0s: must be positive"},
+		{[]string{"--token-ttl", "0s"}, nil, "--token-ttl 0s: must be positive"},
+		{[]string{"--grace", "0s"}, nil, "--grace 0s: must be positive"},
+		{[]string{"--confirm-expiry", "-5m"}, nil, "--confirm-expiry -5m0s: must be positive"},
+		{nil, map[string]string{"LAPD_SHUTDOWN_TIMEOUT": "0s"}, "--shutdown-timeout 0s: must be positive"},
+		{[]string{"--sliding-ttl", "-1s"}, nil, "--sliding-ttl -1s: must be 0 (off)"},
+		{[]string{"--trust-proxy", "-1"}, nil, "--trust-proxy -1: give the number of proxies"},
+		{[]string{"--max-conns", "-7"}, nil, "-1 for no cap"},
+		{[]string{"--max-conns-per-client", "-2"}, nil, "-1 for no cap"},
+		{[]string{"--max-kept-mib", "99999999999999"}, nil, "--max-kept-mib 99999999999999 is more than any machine has"},
 		{[]string{"--tools", "most"}, nil, "--tools must be core or all"},
 		{nil, map[string]string{"LAPD_GRACE": "soon"}, "LAPD_GRACE"},
 		{[]string{"extra"}, nil, "unexpected argument"},
@@ -658,5 +670,18 @@ func TestPeerLinkFlags(t *testing.T) {
 	}
 	if _, err := parseServeFlags([]string{"--nats", "nats://127.0.0.1:4222", "--peer-tls", "yes"}, io.Discard, envMap(nil)); err == nil || !strings.Contains(err.Error(), "want auto, on or off") {
 		t.Errorf("--peer-tls yes = %v, want a usage error naming the values", err)
+	}
+}
+
+// A lapd.db that is not a database stopped lapd with SQLite's words only
+// ("file is not a database (26)"); the error now says what to do.
+func TestServeSaysWhatToDoWithADamagedDatabase(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "lapd.db"), bytes.Repeat([]byte("junk"), 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := run(context.Background(), []string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dir}, nil, io.Discard, io.Discard, envMap(nil))
+	if err == nil || !strings.Contains(err.Error(), "move it aside") {
+		t.Fatalf("serve on a damaged lapd.db: %v; want the way out", err)
 	}
 }

@@ -10,8 +10,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -35,6 +37,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	if err != nil {
 		return err
 	}
+	// The audit goes to stdout by default: when its reader goes away
+	// (lapd serve | head, a log shipper that dies), Go's default for a
+	// broken pipe on stdout was to die of SIGPIPE, silently, losing the
+	// audit queue. Ignored, the write fails with EPIPE and the stdout sink
+	// fails like any sink: counted, logged, /readyz not ready.
+	signal.Ignore(syscall.SIGPIPE)
 	lcfg, err := lapdConfig(c, stdout, log)
 	if err != nil {
 		return err
@@ -122,9 +130,26 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	log.Info("shutting down: refusing new calls, finishing in-flight ones", "timeout", c.ShutdownTimeout)
+	log.Info("shutting down: refusing new calls, finishing in-flight ones (a second signal stops at once)", "timeout", c.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 	defer cancel()
+	// A second SIGINT/SIGTERM/SIGHUP (Ctrl-C twice) ends the wait for in-flight
+	// calls: it used to be swallowed, and only SIGKILL, which loses the
+	// queued audit entries, stopped a lapd waiting out a long
+	// --shutdown-timeout. The tabs are still closed and the audit written.
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, stopSignals...)
+	defer signal.Stop(again)
+	forced := make(chan struct{})
+	go func() {
+		select {
+		case <-again:
+			log.Warn("second signal: stopping now, without waiting for in-flight calls (they are cut; the audit is still written)")
+			close(forced)
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
 	// Order: lapd closes MCP sessions, drains LAP and closes tabs with 1012
 	// (they reconnect to the next process) while the listener still answers
 	// in-flight requests; then the HTTP server stops.
@@ -138,6 +163,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		if err := ahs.Shutdown(sctx); err != nil {
 			ahs.Close()
 		}
+	}
+	select {
+	case <-forced:
+		return errors.New("stopped by a second signal before in-flight calls finished")
+	default:
 	}
 	if err := errors.Join(errLapd, errHTTP); err != nil {
 		log.Warn("shutdown finished with errors", "err", err)

@@ -194,8 +194,20 @@ func parseServeFlags(args []string, out io.Writer, env func(string) string) (ser
 	if c.MaxKeptMiB < 16 {
 		return c, usageError{"--max-kept-mib must be at least 16"}
 	}
+	if c.MaxKeptMiB > maxKeptMiB {
+		return c, usageError{fmt.Sprintf("--max-kept-mib %d is more than any machine has (at most %d)", c.MaxKeptMiB, maxKeptMiB)}
+	}
 	if c.LAPRate <= 0 || c.MintRate <= 0 {
 		return c, usageError{"--lap-rate and --mint-rate must be positive"}
+	}
+	if err := checkDurations(&c); err != nil {
+		return c, err
+	}
+	if c.TrustProxy < 0 {
+		return c, usageError{fmt.Sprintf("--trust-proxy %d: give the number of proxies in front of lapd, 0 or more", c.TrustProxy)}
+	}
+	if c.MaxConns < -1 || c.MaxConnsClient < -1 {
+		return c, usageError{"--max-conns and --max-conns-per-client take a number of connections, 0 for the default or -1 for no cap"}
 	}
 	if _, err := mcp.ParseToolSet(c.Tools); err != nil {
 		return c, usageError{"--" + err.Error()}
@@ -354,4 +366,43 @@ func sameListen(a, b string) bool {
 	}
 	wild := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
 	return ha == hb || wild(ha) || wild(hb)
+}
+
+// maxKeptMiB bounds --max-kept-mib (8 TiB) so that its value in bytes fits
+// an int64.
+const maxKeptMiB = 8 << 20
+
+// minHeartbeat is the shortest --heartbeat: a browser delays the timers of a
+// busy page by about a second, so a tab answering pings at a shorter interval
+// would be closed for missing them.
+const minHeartbeat = time.Second
+
+// checkDurations refuses durations that lapd would otherwise replace in
+// silence: a zero or negative --token-ttl, --confirm-expiry or --heartbeat
+// became the default (24h, 10m, 15s) and --grace 0 too; a negative
+// --sliding-ttl turned it off; --shutdown-timeout 0 gave in-flight calls no
+// time at all. --heartbeat under a second crashed lapd at the first tab
+// (1ns) or closed every tab for missed pongs.
+func checkDurations(c *serveConfig) error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"token-ttl", c.TokenTTL},
+		{"grace", c.Grace},
+		{"confirm-expiry", c.ConfirmExpiry},
+		{"shutdown-timeout", c.ShutdownTimeout},
+	} {
+		if d.v <= 0 {
+			return usageError{fmt.Sprintf("--%s %v: must be positive, a duration like %s", d.name, d.v, map[string]string{
+				"token-ttl": "24h", "grace": "60s", "confirm-expiry": "10m", "shutdown-timeout": "10s"}[d.name])}
+		}
+	}
+	if c.SlidingTTL < 0 {
+		return usageError{fmt.Sprintf("--sliding-ttl %v: must be 0 (off) or a positive duration like 30m", c.SlidingTTL)}
+	}
+	if c.PingInterval < minHeartbeat {
+		return usageError{fmt.Sprintf("--heartbeat %v: must be at least %v (the default is 15s)", c.PingInterval, minHeartbeat)}
+	}
+	return nil
 }

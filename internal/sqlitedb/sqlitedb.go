@@ -43,7 +43,7 @@ const (
 // Open opens (or creates) the database at path and checks that it answers.
 func Open(path string) (*sql.DB, error) {
 	if err := private(path); err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
+		return nil, err // an *fs.PathError, which names path already
 	}
 	q := url.Values{}
 	q.Add("_pragma", "journal_mode(WAL)")
