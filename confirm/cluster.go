@@ -58,7 +58,9 @@ func (m *Manager) follow(p Pending, deleted bool) {
 			ts.pendingBytes -= pendingSize(e.p)
 			m.pendingBytes -= pendingSize(e.p)
 			delete(ts.pending, id)
-			delete(ts.seq, id)
+			if len(ts.pending) == 0 {
+				ts.pending = nil
+			}
 			e.pending = false
 			e.err = ErrUnknown
 			close(e.done)

@@ -155,14 +155,14 @@ func TestClusterDrop(t *testing.T) {
 func TestClusterPendingBudgetExpiresOnce(t *testing.T) {
 	t.Parallel()
 	var expired atomic.Int32
-	ms := clusterNodesCfg(t, 2, confirm.Config{Expiry: time.Minute, PendingBytes: 1300, OnExpire: func(p confirm.Pending) {
+	ms := clusterNodesCfg(t, 2, confirm.Config{Expiry: time.Minute, PendingBytes: 3400, OnExpire: func(p confirm.Pending) {
 		if p.Outcome != nil && p.Outcome.Reason == confirm.ReasonTooManyPending {
 			expired.Add(1)
 		}
 	}})
 	a, b := ms[0], ms[1]
 	ctx := t.Context()
-	big := json.RawMessage(`"` + strings.Repeat("x", 498) + `"`) // about 630 bytes an approval: two fit
+	big := json.RawMessage(`"` + strings.Repeat("x", 498) + `"`) // about 1,660 bytes an approval: two fit
 	for _, id := range []string{"c0", "c1"} {
 		if err := a.Propose(ctx, confirm.Pending{TID: "heavy", ConfirmID: id, Variant: "v", Payload: big}); err != nil {
 			t.Fatal(err)

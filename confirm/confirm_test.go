@@ -807,7 +807,7 @@ func TestPendingBudgetFairBetweenSessions(t *testing.T) {
 // as timeouts do.
 func TestPendingBudgetShedBeforeHook(t *testing.T) {
 	t.Parallel()
-	m := newManager(t, Config{PendingBytesPerTID: 1000, PendingBytes: 1000})
+	m := newManager(t, Config{PendingBytesPerTID: 2400, PendingBytes: 2400})
 	big := prop("heavy", "old")
 	big.Payload = json.RawMessage(`"` + strings.Repeat("x", 700) + `"`)
 	if err := m.Propose(t.Context(), big); err != nil {

@@ -553,7 +553,7 @@ func TestConfirmResultTimeoutZero(t *testing.T) {
 // nobody sees and waiting for it until expiry.
 func TestTooManyPendingRetry(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *envCfg) { c.conf.PendingBytesPerTID = 600 }) // one 300-byte approval fits, two do not
+	e := newEnv(t, func(c *envCfg) { c.conf.PendingBytesPerTID = 1600 }) // one approval with a 300-byte pad (about 1,480 bytes) fits, two do not
 	var mu sync.Mutex
 	ids := map[string]string{} // idempotencyKey → confirmId, as lapd.js keeps them
 	token, tid, tab := e.paired(lapdtest.WithHandler("send_message", func(args json.RawMessage) (any, *lapdtest.RPCError) {
@@ -658,10 +658,10 @@ func TestRepairBeforeAnyModelCall(t *testing.T) {
 // audited, and /confirm-result answers rejected/too-many-pending.
 func TestPendingBudgetFullOtherSessions(t *testing.T) {
 	t.Parallel()
-	// An approval with a 300-byte pad costs about 450 bytes: two fit in a
+	// An approval with a 300-byte pad costs about 1,480 bytes: two fit in a
 	// session, three sessions' worth (two + one) fit in all, and a small one
 	// more does not.
-	e := newEnv(t, func(c *envCfg) { c.conf.PendingBytesPerTID, c.conf.PendingBytes = 1000, 1450 })
+	e := newEnv(t, func(c *envCfg) { c.conf.PendingBytesPerTID, c.conf.PendingBytes = 3100, 4700 })
 	proposer := func(prefix string) lapdtest.Option {
 		var n atomic.Int64
 		return lapdtest.WithHandler("send_message", func(json.RawMessage) (any, *lapdtest.RPCError) {
