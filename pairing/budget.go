@@ -47,14 +47,38 @@ const (
 // shedLogEvery bounds the shedding log lines.
 const shedLogEvery = 10 * time.Second
 
+// What a kept hello and a kept log entry hold in the heap besides their
+// bytes, measured by TestSizesCoverTheHeap (go test ./pairing -run
+// TestSizesCoverTheHeap -v):
+//
+//   - a distinct hello (one per tab, the worst case: tabs of one app share
+//     one copy) held 525 B for 239 B of fields: the Hello, its interning
+//     entry and weak pointer, and the rounding of its six allocations; 286 B
+//     besides the bytes, counted 384 (it was 256). The weak pointer's and
+//     cleanup's runtime records (~100 B) are off the Go heap and not in
+//     that figure.
+//   - a log entry held 113 B for 61 bytes (64 allocated) in a ring that has
+//     turned over (the ring's backing array grows to about twice its
+//     entries), 88 B with one entry per tid: 49 B besides the allocation,
+//     counted 64 plus the entry's capacity, which is its allocation when
+//     lapd copied it (before, its length alone: a ring held 1.8 times its
+//     figure).
+const (
+	helloOverhead    = 384
+	logEntryOverhead = 64
+)
+
 // helloSize is what a cached hello costs.
 func helloSize(h *Hello) int {
 	if h == nil {
 		return 0
 	}
 	return len(h.AppName) + len(h.AppVersion) + len(h.MsgSchema) + len(h.StateSchema) +
-		len(h.AffordancesSample) + len(h.Docs) + len(h.SchemaHash) + len(h.Policy) + 256
+		len(h.AffordancesSample) + len(h.Docs) + len(h.SchemaHash) + len(h.Policy) + helloOverhead
 }
+
+// logEntrySize is what a kept log entry costs.
+func logEntrySize(e json.RawMessage) int { return cap(e) + logEntryOverhead }
 
 // releaseBuffersLocked drops s's ring and hello and returns the bytes freed.
 // Caller holds s.mu.
@@ -69,10 +93,10 @@ func (s *session) releaseBuffersLocked() int {
 // Caller holds s.mu.
 func (s *session) appendLogLocked(e json.RawMessage, maxN, maxBytes int) (delta, dropped int) {
 	s.ring = append(s.ring, e)
-	s.ringBytes += len(e)
-	delta = len(e)
+	s.ringBytes += logEntrySize(e)
+	delta = logEntrySize(e)
 	for len(s.ring) > maxN || (s.ringBytes > maxBytes && len(s.ring) > 1) {
-		n := len(s.ring[0])
+		n := logEntrySize(s.ring[0])
 		s.ring[0] = nil
 		s.ring = s.ring[1:]
 		s.ringBytes -= n
@@ -123,7 +147,7 @@ func (r *Registry) shed() bool {
 		}
 		heavy.mu.Lock()
 		for len(heavy.ring) > 0 && r.overBudget() {
-			n := len(heavy.ring[0])
+			n := logEntrySize(heavy.ring[0])
 			heavy.ring[0] = nil
 			heavy.ring = heavy.ring[1:]
 			heavy.ringBytes -= n

@@ -163,8 +163,8 @@ func TestHelloShedsHeaviest(t *testing.T) {
 	const budget = 1 << 20
 	e := newEnv(t, func(c *Config, _ *tokens.Config) { c.BufferBytes = budget })
 	bigHello := func(i int) map[string]any {
-		// helloSize: appName + appVersion + schemaHash + 256 = 262, plus the docs' JSON.
-		docs := fmt.Sprintf("%03d", i) + strings.Repeat("x", budget/8-262-2-3)
+		// helloSize: appName + appVersion + schemaHash + helloOverhead, plus the docs' JSON.
+		docs := fmt.Sprintf("%03d", i) + strings.Repeat("x", budget/8-(6+helloOverhead)-2-3)
 		return map[string]any{"t": "hello", "appName": "evil", "appVersion": "1", "schemaHash": "h", "lapVersion": 2, "docs": docs}
 	}
 	heavy := map[string]*tab{}
