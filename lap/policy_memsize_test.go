@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"runtime"
+	"strings"
 	"testing"
+
+	"github.com/lapd-dev/lapd/pairing"
 )
 
 // The policy cache's budget (PolicyCacheBytes, --max-kept-mib's eighth)
@@ -50,4 +53,52 @@ func TestPolicySizesCoverTheHeap(t *testing.T) {
 	}
 	runtime.KeepAlive(pc)
 	runtime.KeepAlive(raws)
+}
+
+// The /describe cache keeps the encoded description per tid. Tabs of one
+// app send the same hello, so their descriptions are one shared copy: what
+// a tid holds beyond it must stay small (it was a copy of the whole
+// description, ~1.5 KB here, uncounted: 10,000 observing tabs of a
+// Taskboard-size app held tens of MB).
+//
+//	go test ./lap -run TestDescribeCacheShares -v
+func TestDescribeCacheShares(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocates MBs")
+	}
+	const n = 10000
+	h := pairing.Hello{AppName: "Taskboard", AppVersion: "1.4.2", SchemaHash: "sha256:" + strings.Repeat("ab", 32),
+		MsgSchema:   json.RawMessage(`{"discriminant":"type","variants":{"addTask":{"title":"string"},"toggleTask":{"id":"number"},"deleteTask":{"id":"number"}}}`),
+		StateSchema: json.RawMessage(`{"type":"object","properties":{"tasks":{"type":"array","items":{"type":"object"}}}}`),
+		Docs:        json.RawMessage(`"` + strings.Repeat("A board of tasks. ", 60) + `"`)}
+	var d descCache
+	tid := func(i int) string { return fmt.Sprintf("6f1c2d3e-4b5a-4c6d-8e7f-%012d", i) }
+	tids := make([]string, n)
+	for i := range tids {
+		tids[i] = tid(i)
+	}
+	before := heapNow()
+	var enc []byte
+	for _, id := range tids {
+		enc = d.get(id, h)
+	}
+	after := heapNow()
+	held := float64(after-before) / n
+	t.Logf("%.0f B held per tid for a %d-byte description shared by %d tabs", held, len(enc), n)
+	if held > 384 {
+		t.Errorf("each tid holds %.0f B for the same description (%d bytes): it is not shared", held, len(enc))
+	}
+	h2 := h
+	h2.AppVersion = "1.4.3"
+	d.get(tids[0], h2) // a new hello releases the tid's hold on the old description
+	if len(d.shared) != 2 || d.shared[d.m[tids[1]].key].refs != n-1 {
+		t.Errorf("after one tab's new hello: %d shared descriptions, want 2 (the old one held by %d tabs)", len(d.shared), n-1)
+	}
+	for _, id := range tids {
+		d.drop(id)
+	}
+	if len(d.m) != 0 || len(d.shared) != 0 {
+		t.Errorf("after drop: %d entries, %d shared descriptions", len(d.m), len(d.shared))
+	}
+	runtime.KeepAlive(tids)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -336,15 +337,28 @@ func orNull(raw json.RawMessage) json.RawMessage {
 }
 
 // descCache keeps the encoded /describe object per tid, rebuilt when the
-// tab's hello changes.
+// tab's hello changes. Tabs of one app send the same hello, so their
+// encodings are shared by content (its SHA-256, taken when one is built):
+// a tid then holds its entry (~290 B: the hello's headers, the shared
+// slice), not a copy of the description (it did: 10,000 observing tabs of
+// one app kept 10,000 copies, uncounted). A tid with a hello of its own
+// holds its description, about its hello's bytes again; tids have an entry
+// only while they have a hello (counted in pairing's BufferBytes).
 type descCache struct {
-	mu sync.Mutex
-	m  map[string]descEntry
+	mu     sync.Mutex
+	m      map[string]descEntry
+	shared map[[32]byte]*descShared
 }
 
 type descEntry struct {
 	hello pairing.Hello
 	enc   []byte
+	key   [32]byte // in shared
+}
+
+type descShared struct {
+	enc  []byte
+	refs int // tids whose entry holds it
 }
 
 func sameHello(a, b pairing.Hello) bool {
@@ -369,17 +383,39 @@ func (d *descCache) get(tid string, h pairing.Hello) []byte {
 		},
 		"schemaHash": h.SchemaHash,
 	})
+	key := sha256.Sum256(enc)
 	d.mu.Lock()
 	if d.m == nil {
-		d.m = map[string]descEntry{}
+		d.m, d.shared = map[string]descEntry{}, map[[32]byte]*descShared{}
 	}
-	d.m[tid] = descEntry{hello: h, enc: enc}
+	sh := d.shared[key]
+	if sh == nil {
+		sh = &descShared{enc: enc}
+		d.shared[key] = sh
+	}
+	sh.refs++
+	if old, ok := d.m[tid]; ok {
+		d.releaseLocked(old.key)
+	}
+	d.m[tid] = descEntry{hello: h, enc: sh.enc, key: key}
 	d.mu.Unlock()
-	return enc
+	return sh.enc
+}
+
+// releaseLocked drops one tid's hold on the shared encoding key.
+func (d *descCache) releaseLocked(key [32]byte) {
+	if sh := d.shared[key]; sh != nil {
+		if sh.refs--; sh.refs <= 0 {
+			delete(d.shared, key)
+		}
+	}
 }
 
 func (d *descCache) drop(tid string) {
 	d.mu.Lock()
+	if e, ok := d.m[tid]; ok {
+		d.releaseLocked(e.key)
+	}
 	delete(d.m, tid)
 	d.mu.Unlock()
 }
