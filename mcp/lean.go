@@ -43,6 +43,11 @@ const stateBudget = 1024
 // is not remembered (so it is sent in full every time).
 const maxShownBytes = 64 << 10
 
+// maxSigsBytes bounds the description.messages whose payload signatures a
+// binding remembers; larger ones (a hello may hold up to 1 MiB) are read
+// again for each observation instead of kept.
+const maxSigsBytes = 64 << 10
+
 // leanAction is one action entry as the model is shown it.
 type leanAction struct {
 	variant string

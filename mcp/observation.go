@@ -102,7 +102,10 @@ func (e *Executor) renderObservation(o *objw, ob observation, first bool) (omitt
 // remember records what an observation showed the model.
 func (e *Executor) remember(handle string, ob observation) {
 	e.bindings.Update(handle, func(b *Binding) {
-		if !bytes.Equal(b.sigsRaw, ob.messages) {
+		switch {
+		case len(ob.messages) > maxSigsBytes:
+			b.sigs, b.sigsRaw = nil, nil
+		case !bytes.Equal(b.sigsRaw, ob.messages):
 			b.sigs, b.sigsRaw = ob.sigs, bytes.Clone(ob.messages)
 		}
 		b.setShown(ob.actions, ob.lean, ob.leanOK)
