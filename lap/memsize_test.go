@@ -64,3 +64,27 @@ func idemSizesCoverTheHeap(t *testing.T, tids, per int) {
 	}
 	runtime.KeepAlive(im)
 }
+
+// A rate limiter is bounded by count (DefaultMaxRateKeys per limiter), not
+// bytes: this measures what a key costs, for the figure in its doc.
+//
+//	go test ./lap -run TestLimiterKeyCost -v
+func TestLimiterKeyCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocates MBs")
+	}
+	const n = 20000
+	l := newLimiter(1, 30, 0, time.Now)
+	before := heapNow()
+	for i := range n {
+		l.allow(fmt.Sprintf("ip:2001:db8:%x:%x::", i>>16, i&0xffff)) // an IPv6 /64, the longest ordinary key
+	}
+	after := heapNow()
+	held := float64(after-before) / n
+	t.Logf("%.0f B held per key, its string included", held)
+	const docFigure = 300 // DefaultMaxRateKeys' doc: ~250 B a key, ~25 MB per full limiter
+	if held > docFigure {
+		t.Errorf("a rate-limit key holds %.0f B, over the %d B its doc says", held, docFigure)
+	}
+	runtime.KeepAlive(l)
+}

@@ -13,7 +13,9 @@ import (
 	"github.com/lapd-dev/lapd/internal/clientip"
 )
 
-// DefaultMaxRateKeys caps how many keys a limiter tracks at once.
+// DefaultMaxRateKeys caps how many keys a limiter tracks at once. A key
+// costs about 250 bytes with its string (TestLimiterKeyCost), so a full
+// limiter about 25 MB; lap has two (LAP calls, mints).
 const DefaultMaxRateKeys = 100_000
 
 // limiter is a set of token buckets keyed by a string (tid, uid or client
