@@ -48,6 +48,34 @@ const maxShownBytes = 64 << 10
 // again for each observation instead of kept.
 const maxSigsBytes = 64 << 10
 
+// maxRenderBytes bounds each rendering a binding keeps (the action list's,
+// the signatures'), as the heap holds it: thousands of tiny actions render
+// to about 22× their JSON, so 64 KiB of JSON kept 1.6 MiB per binding, and
+// 256 bindings ~460 MiB, outside --max-kept-mib. A larger rendering is not
+// kept: the list is sent whole and the signatures read again, as for a
+// list over maxShownBytes. An action renders to ~450 bytes or more, so
+// only apps with about 250 actions or more meet it (the Taskboard has 9).
+const maxRenderBytes = 128 << 10
+
+// leanHeld is about what as holds in the heap: each entry's struct, its
+// encoding and its members (TestBindingWorstCase checks it).
+func leanHeld(as []leanAction) int {
+	n := cap(as) * 64
+	for _, a := range as {
+		n += len(a.variant) + cap(a.enc) + cap(a.fields)*48
+	}
+	return n
+}
+
+// sigsHeld is about what a signatures map holds in the heap.
+func sigsHeld(m map[string]string) int {
+	n := 64
+	for k, v := range m {
+		n += len(k) + len(v) + 64
+	}
+	return n
+}
+
 // leanAction is one action entry as the model is shown it.
 type leanAction struct {
 	variant string

@@ -26,36 +26,67 @@ func TestBindingWorstCase(t *testing.T) {
 		runtime.ReadMemStats(&ms)
 		return ms.HeapAlloc
 	}
-	var acts, vars []string
-	for i, n := 0, 2; ; i++ { // n: the list's length with brackets and commas
-		a := fmt.Sprintf(`{"variant":"v%d"}`, i)
-		if n += len(a) + 1; n > maxShownBytes {
-			break
+	// The most a binding keeps: as many tiny actions and variants (the
+	// shape that renders to the most heap per byte of JSON) as the caps let
+	// it keep, within maxShownBytes / maxSigsBytes of JSON and
+	// maxRenderBytes of estimated rendering each.
+	actionsOf := func(n int) []byte {
+		acts := make([]string, n)
+		for i := range n {
+			acts[i] = fmt.Sprintf(`{"variant":"v%d"}`, i)
 		}
-		acts = append(acts, a)
+		return []byte("[" + strings.Join(acts, ",") + "]")
 	}
-	for i, n := 0, 40; ; i++ {
-		v := fmt.Sprintf(`"v%d":{"a":"string"}`, i)
-		if n += len(v) + 1; n > maxSigsBytes {
-			break
+	messagesOf := func(n int) []byte {
+		vars := make([]string, n)
+		for i := range n {
+			vars[i] = fmt.Sprintf(`"v%d":{"a":"string"}`, i)
 		}
-		vars = append(vars, v)
+		return []byte(`{"discriminant":"type","variants":{` + strings.Join(vars, ",") + `}}`)
 	}
-	actions := []byte("[" + strings.Join(acts, ",") + "]")
-	messages := []byte(`{"discriminant":"type","variants":{` + strings.Join(vars, ",") + `}}`)
+	// largest returns the largest n in [1, 16384) for which kept(n) holds.
+	largest := func(kept func(n int) bool) int {
+		lo, hi := 1, 16384
+		if !kept(lo) || kept(hi) {
+			t.Fatal("the caps do not bound the list")
+		}
+		for hi-lo > 1 {
+			if mid := (lo + hi) / 2; kept(mid) {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		return lo
+	}
+	nV := largest(func(n int) bool {
+		m := messagesOf(n)
+		return len(m) <= maxSigsBytes && sigsHeld(payloadSigs(m)) <= maxRenderBytes
+	})
+	messages := messagesOf(nV)
+	nA := largest(func(n int) bool {
+		a := actionsOf(n)
+		lean, ok := leanActionList(a, payloadSigs(messages))
+		return ok && len(a) <= maxShownBytes && leanHeld(lean) <= maxRenderBytes
+	})
+	actions := actionsOf(nA)
 	before := heap()
 	sigs := payloadSigs(messages)
 	mid := heap()
 	lean, ok := leanActionList(actions, sigs)
 	after := heap()
-	if !ok || len(sigs) != len(vars) {
-		t.Fatalf("rendering failed: ok=%v, %d sigs", ok, len(sigs))
+	if !ok || len(sigs) != nV || len(lean) != nA {
+		t.Fatalf("rendering failed: ok=%v, %d sigs, %d actions", ok, len(sigs), len(lean))
 	}
 	held := after - before
-	const docFigure = 2 << 20 // docs/SECURITY.md: 1.6 MiB measured (1.7 under -race); at most 2
-	t.Logf("%d actions (%d B) and %d variants (%d B): renderings hold %d KiB (signatures %d KiB)", len(lean), len(actions), len(sigs), len(messages), held>>10, (mid-before)>>10)
+	const docFigure = 2 * maxRenderBytes * 5 / 4 // docs/SECURITY.md: the two renderings about 256 KiB at most
+	t.Logf("%d actions (%d B), %d variants (%d B): renderings hold %d KiB (signatures %d KiB); estimated %d + %d KiB",
+		nA, len(actions), nV, len(messages), held>>10, (mid-before)>>10, leanHeld(lean)>>10, sigsHeld(sigs)>>10)
 	if held > docFigure {
 		t.Errorf("a binding's renderings hold %d KiB, over the %d KiB the docs promise", held>>10, docFigure>>10)
+	}
+	if est := leanHeld(lean) + sigsHeld(sigs); uint64(est) < held*2/3 {
+		t.Errorf("the estimates (%d B) are far under what the renderings hold (%d B)", est, held)
 	}
 	runtime.KeepAlive(sigs)
 	runtime.KeepAlive(lean)
@@ -91,5 +122,38 @@ func TestRememberBoundsSignatures(t *testing.T) {
 	e.remember(b.Handle, observation{messages: big, sigs: payloadSigs(big)})
 	if raw, n := kept(); raw != nil || n != 0 {
 		t.Errorf("%d bytes of messages: kept %d bytes, %d signatures; want none", len(big), len(raw), n)
+	}
+}
+
+// An action list whose rendering would hold over maxRenderBytes is not kept
+// in the binding (it is sent whole each time), though its JSON is far under
+// maxShownBytes; a Taskboard-size list is kept.
+func TestSetShownBoundsRendering(t *testing.T) {
+	t.Parallel()
+	list := func(n int) ([]byte, []leanAction) {
+		acts := make([]string, n)
+		for i := range n {
+			acts[i] = fmt.Sprintf(`{"variant":"v%d"}`, i)
+		}
+		raw := []byte("[" + strings.Join(acts, ",") + "]")
+		as, ok := leanActionList(raw, nil)
+		if !ok {
+			t.Fatal("rendering failed")
+		}
+		return raw, as
+	}
+	var b Binding
+	raw, as := list(9)
+	b.setShown(raw, as, true)
+	if !b.shownSet {
+		t.Fatal("a 9-action list was not kept")
+	}
+	raw, as = list(2000)
+	if len(raw) > maxShownBytes {
+		t.Fatalf("test list is %d bytes, want under %d", len(raw), maxShownBytes)
+	}
+	b.setShown(raw, as, true)
+	if b.shownSet || b.shown != nil || b.shownRaw != nil {
+		t.Errorf("a 2,000-action list (%d B of JSON, ~%d KiB rendered) was kept", len(raw), leanHeld(as)>>10)
 	}
 }

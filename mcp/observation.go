@@ -103,9 +103,10 @@ func (e *Executor) renderObservation(o *objw, ob observation, first bool) (omitt
 func (e *Executor) remember(handle string, ob observation) {
 	e.bindings.Update(handle, func(b *Binding) {
 		switch {
-		case len(ob.messages) > maxSigsBytes:
+		case b.sigsRaw != nil && bytes.Equal(b.sigsRaw, ob.messages): // kept already
+		case len(ob.messages) > maxSigsBytes || sigsHeld(ob.sigs) > maxRenderBytes:
 			b.sigs, b.sigsRaw = nil, nil
-		case !bytes.Equal(b.sigsRaw, ob.messages):
+		default:
 			b.sigs, b.sigsRaw = ob.sigs, bytes.Clone(ob.messages)
 		}
 		b.setShown(ob.actions, ob.lean, ob.leanOK)
@@ -121,7 +122,7 @@ func (b *Binding) setShown(raw []byte, as []leanAction, ok bool) {
 		return
 	}
 	b.shown, b.shownRaw, b.shownSet = nil, nil, false
-	if ok && len(raw) <= maxShownBytes {
+	if ok && len(raw) <= maxShownBytes && leanHeld(as) <= maxRenderBytes {
 		b.shown, b.shownRaw, b.shownSet = as, bytes.Clone(raw), true
 	}
 }

@@ -57,9 +57,9 @@ type BindingSummary struct {
 // BindingsConfig bounds a Bindings table. Zero values mean the documented defaults.
 // The bounds are counts: one binding keeps at most its view (maxViewBytes +
 // maxViewOpsBytes), the action list shown (maxShownBytes) and the messages'
-// signatures (maxSigsBytes), with their renderings about 1.8 MiB at worst
-// (thousands of tiny actions; TestBindingWorstCase), so 256 bindings about
-// 460 MiB; a typical app's binding a few KiB.
+// signatures (maxSigsBytes), and their renderings while each is at most
+// maxRenderBytes (183 KiB together at worst: TestBindingWorstCase), so about
+// 400 KiB a binding and 100 MiB for 256; a typical app's binding a few KiB.
 type BindingsConfig struct {
 	MaxBindings         int              // whole table; default 256
 	MaxBindingsPerScope int              // per caller scope; default 16
