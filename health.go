@@ -157,24 +157,26 @@ func (d *dbFile) remember(path string) {
 }
 
 // check reports whether lapd.db is still the file lapd opened; ok is false
-// when lapd has no database file.
+// when lapd has no database file. The detail names neither the data
+// directory nor the process id: /readyz answers anyone who reaches the
+// port (a load balancer, a local process, whoever a proxy forwards it for),
+// and a path names the user's home. The ERROR line in lapd's log has both.
 func (d *dbFile) check(s *Server) (_ check, ok bool) {
 	if d.opened == nil {
 		return check{}, false
 	}
 	fi, err := os.Stat(d.path)
 	if err == nil && os.SameFile(fi, d.opened) {
-		return check{"database", true, d.path + " is the file lapd opened"}, true
+		return check{"database", true, "lapd.db in the data directory is the file lapd opened"}, true
 	}
 	what := "was removed"
 	if err == nil {
 		what = "was replaced by another file"
 	}
-	msg := d.path + " " + what + " while lapd runs: lapd still writes to the file it opened, which is lost when lapd stops " +
-		"(tokens, pending approvals, the audit trail); to keep them, copy the open lapd.db and lapd.db-wal from /proc/" +
-		strconv.Itoa(os.Getpid()) + "/fd to a safe place before you stop lapd; restart lapd to use what is at that path now"
+	keep := "copy the open lapd.db and lapd.db-wal from /proc/" + strconv.Itoa(os.Getpid()) + "/fd to a safe place before you stop lapd"
 	if d.logged.CompareAndSwap(false, true) {
-		s.log.Error("lapd: the database file "+what+" while lapd runs; what lapd writes is lost when it stops (/readyz says what to do)", "path", d.path)
+		s.log.Error("lapd: the database file "+what+" while lapd runs; what lapd writes is lost when it stops (tokens, pending approvals, the audit trail); to keep them, "+keep+"; restart lapd to use what is at that path now", "path", d.path)
 	}
-	return check{"database", false, msg}, true
+	return check{"database", false, "lapd.db in the data directory " + what + " while lapd runs: lapd still writes to the file it opened, which is lost when lapd stops " +
+		"(tokens, pending approvals, the audit trail); lapd's log (an ERROR line) names the file and says how to keep them before you stop lapd; restart lapd to use what is at that path now"}, true
 }

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -519,7 +520,8 @@ func TestMCPSessionLimits(t *testing.T) {
 // lapd.db removed or replaced under a running lapd: SQLite writes on into
 // the unlinked file, and at the next start the run's tokens, approvals and
 // audit were gone while /readyz had said ready all along. Now /readyz says
-// not ready, naming the file and what to do.
+// not ready and what to do, without the data directory's path or lapd's
+// pid: /readyz answers whoever reaches the port (the log names them).
 func TestReadyzNoticesTheDatabaseFileGone(t *testing.T) {
 	t.Parallel()
 	for _, replace := range []bool{false, true} {
@@ -534,8 +536,8 @@ func TestReadyzNoticesTheDatabaseFileGone(t *testing.T) {
 			b, _ := io.ReadAll(res.Body)
 			return res.StatusCode, string(b)
 		}
-		if st, body := readyz(); st != 200 || !strings.Contains(body, `"name":"database","ok":true`) {
-			t.Fatalf("readyz at start: %d %s", st, body)
+		if st, body := readyz(); st != 200 || !strings.Contains(body, `"name":"database","ok":true`) || strings.Contains(body, filepath.ToSlash(dir)) {
+			t.Fatalf("readyz at start (the data directory's path must not show): %d %s", st, body)
 		}
 		db := filepath.Join(dir, "lapd.db")
 		if err := os.Rename(db, db+".moved"); err != nil {
@@ -548,8 +550,12 @@ func TestReadyzNoticesTheDatabaseFileGone(t *testing.T) {
 			}
 			want = "was replaced"
 		}
-		if st, body := readyz(); st != 503 || !strings.Contains(body, `"name":"database","ok":false`) || !strings.Contains(body, want) {
+		st, body := readyz()
+		if st != 503 || !strings.Contains(body, `"name":"database","ok":false`) || !strings.Contains(body, want) {
 			t.Errorf("readyz with lapd.db gone (replaced %v): %d %s", replace, st, body)
+		}
+		if strings.Contains(body, filepath.ToSlash(dir)) || strings.Contains(body, "/proc/"+strconv.Itoa(os.Getpid())) {
+			t.Errorf("readyz names the data directory or lapd's pid to an unauthenticated caller: %s", body)
 		}
 	}
 }
