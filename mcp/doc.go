@@ -96,8 +96,10 @@
 // them). A caller with exactly one binding may omit `session`; with several,
 // the error lists them. A modern (2026-07-28) HTTP client has no MCP session,
 // so it gets no default: it passes the handle, which is the capability.
-// Bindings: 256 in all, 16 per caller, 8 per token (LRU evicted), 30 min idle
-// expiry; expiry is lazy, so the table starts no goroutines. Tokens are kept
+// Bindings: 256 in all (a full table evicts the LRU binding of the token
+// holding the most), 16 per caller scope (an MCP session or the stdio
+// bridge; modern HTTP clients have none), 8 per token (LRU evicted), 30 min
+// idle expiry; expiry is lazy, so the table starts no goroutines. Tokens are kept
 // in memory only and never logged (logs name a token by a hash prefix). In
 // a cluster a binding is also kept in the cluster's bucket, so its handle
 // works on every node; while that bucket does not answer, connect_session

@@ -155,5 +155,5 @@ const sessionsDoc = "`connect_session` returns a handle `session` (`s_` + 16 bas
 	"and a `DELETE` (or the session's expiry/eviction) drops its bindings. A call that names a handle uses it from any MCP session, or none: the handle is the capability, as below.\n" +
 	"- **HTTP, modern clients (2026-07-28)**: there is no MCP session, so there is no default either: pass `session` on every call. " +
 	"Bindings are global to the server instance, and the unguessable handle is the capability (a client that does not know it cannot use it).\n\n" +
-	"Bounds: 256 bindings in all, 16 per caller, 8 per token (the least recently used is evicted), idle bindings expire after 30 min. " +
+	"Bounds: 256 bindings in all (a full table evicts the least recently used binding of the token holding the most), 16 per caller (an MCP session or the stdio bridge; modern HTTP clients have none), 8 per token (the least recently used is evicted), idle bindings expire after 30 min. " +
 	"Connecting again with the same line in the same scope returns the same handle. `disconnect_session` removes one binding.\n"

@@ -62,7 +62,7 @@ type BindingSummary struct {
 // 400 KiB a binding and 100 MiB for 256; a typical app's binding a few KiB.
 type BindingsConfig struct {
 	MaxBindings         int              // whole table; default 256
-	MaxBindingsPerScope int              // per caller scope; default 16
+	MaxBindingsPerScope int              // per caller scope (an MCP session, the stdio bridge; modern HTTP clients have none); default 16
 	MaxBindingsPerToken int              // per bearer; default 8
 	IdleTTL             time.Duration    // a binding unused this long is dropped; default 30 min
 	Now                 func() time.Time // clock; default time.Now
@@ -188,8 +188,13 @@ func (t *Bindings) bind(scope, base, token string) (Binding, bool) {
 		}
 	}
 	t.evictLocked(func(b *Binding) bool { return b.TokenKey == key }, t.cfg.MaxBindingsPerToken-1)
-	t.evictLocked(func(b *Binding) bool { return b.Scope == scope }, t.cfg.MaxBindingsPerScope-1)
-	t.evictLocked(func(*Binding) bool { return true }, t.cfg.MaxBindings-1)
+	if scope != "" {
+		// Scope "" is every modern HTTP client (they have no MCP session),
+		// not one caller: capped as one, 16 anonymous tokens evicted every
+		// other modern client's binding.
+		t.evictLocked(func(b *Binding) bool { return b.Scope == scope }, t.cfg.MaxBindingsPerScope-1)
+	}
+	t.makeRoomLocked()
 	b := &Binding{Handle: newHandle(), Scope: scope, Base: base, Token: token, TokenKey: key, CreatedAt: now, LastUsed: now}
 	for t.m[b.Handle] != nil { // astronomically unlikely
 		b.Handle = newHandle()
@@ -213,6 +218,29 @@ func (t *Bindings) evictLocked(match func(*Binding) bool, keep int) {
 	sort.Slice(sel, func(i, j int) bool { return sel[i].LastUsed.Before(sel[j].LastUsed) })
 	for _, b := range sel[:len(sel)-keep] {
 		delete(t.m, b.Handle)
+	}
+}
+
+// makeRoomLocked frees a slot in a full table: the least recently used
+// binding of the token holding the most goes, so a token's binding is
+// evicted only while no token holds more (a holder of 32 anonymous tokens
+// with 8 bindings each, in legacy MCP sessions, used to push every other
+// binding out of the 256 by recency alone).
+func (t *Bindings) makeRoomLocked() {
+	for len(t.m) >= t.cfg.MaxBindings && len(t.m) > 0 {
+		count := map[string]int{}
+		most := 0
+		for _, b := range t.m {
+			count[b.TokenKey]++
+			most = max(most, count[b.TokenKey])
+		}
+		var victim *Binding
+		for _, b := range t.m {
+			if count[b.TokenKey] == most && (victim == nil || b.LastUsed.Before(victim.LastUsed)) {
+				victim = b
+			}
+		}
+		delete(t.m, victim.Handle)
 	}
 }
 
@@ -259,7 +287,7 @@ func (t *Bindings) adopt(handle, base, token string) {
 	now := t.cfg.Now()
 	key := tokenKey(token)
 	t.evictLocked(func(b *Binding) bool { return b.TokenKey == key }, t.cfg.MaxBindingsPerToken-1)
-	t.evictLocked(func(*Binding) bool { return true }, t.cfg.MaxBindings-1)
+	t.makeRoomLocked()
 	t.m[handle] = &Binding{Handle: handle, Base: base, Token: token, TokenKey: key, CreatedAt: now, LastUsed: now}
 }
 

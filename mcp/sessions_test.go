@@ -118,6 +118,53 @@ func TestBindingsBounds(t *testing.T) {
 	}
 }
 
+// Modern HTTP clients all have scope "" (no MCP session): capped as one
+// caller scope, 16 anonymous tokens' bindings evicted every other modern
+// client's (reproduced on lapd serve: 16 mints, 16 connect_session calls,
+// and the honest client's handle was "unknown or expired").
+func TestBindingsModernClientsAreNotOneScope(t *testing.T) {
+	t.Parallel()
+	clk := &clock{now: time.Unix(1000, 0)}
+	b := NewBindings(BindingsConfig{MaxBindings: 8, MaxBindingsPerScope: 2, MaxBindingsPerToken: 2, IdleTTL: time.Minute, Now: clk.Now})
+	honest := mustBind(t, b, "", base, tokA)
+	for i := range 4 {
+		clk.add(time.Second)
+		mustBind(t, b, "", base, fmt.Sprintf("agt_attacker%020d", i))
+	}
+	if _, _, err := b.Resolve("", honest.Handle); err != nil {
+		t.Fatalf("another modern client's bindings evicted the honest one (per-scope cap on scope \"\"): %v", err)
+	}
+}
+
+// A full table gives up a binding of the token holding the most, not the
+// least recently used overall: one token's many bindings (one per legacy MCP
+// session) cannot push out a token that holds one.
+func TestBindingsFullTableEvictsTheBiggestToken(t *testing.T) {
+	t.Parallel()
+	clk := &clock{now: time.Unix(1000, 0)}
+	b := NewBindings(BindingsConfig{MaxBindings: 4, MaxBindingsPerScope: 4, MaxBindingsPerToken: 3, IdleTTL: time.Minute, Now: clk.Now})
+	honest := mustBind(t, b, "h", base, tokA)
+	var first Binding
+	for i := range 3 {
+		clk.add(time.Second)
+		x := mustBind(t, b, fmt.Sprintf("s%d", i), base, tokB)
+		if i == 0 {
+			first = x
+		}
+	}
+	clk.add(time.Second)
+	mustBind(t, b, "s9", base, "agt_3333333333333333333")
+	if _, _, err := b.Resolve("", honest.Handle); err != nil {
+		t.Fatalf("the full table evicted the honest token's only binding (LRU overall): %v", err)
+	}
+	if _, _, err := b.Resolve("", first.Handle); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("the biggest token's least recently used binding survived: %v", err)
+	}
+	if b.Len() != 4 {
+		t.Fatalf("len %d", b.Len())
+	}
+}
+
 // TestServeStdio runs the real stdio server over pipes with newline-delimited JSON-RPC.
 func TestServeStdio(t *testing.T) {
 	// Not parallel: mcp-go's stdio session is process-global.
