@@ -371,10 +371,18 @@ type streams struct {
 	m  map[string]map[*context.CancelFunc]bool
 }
 
-// add registers a stream of session id; the returned func unregisters it.
+// add registers a stream of session id, ending the ones it had: a session
+// has one GET stream (a client that opens another has given up the one
+// before). Without that, one session's streams, which cost nothing while
+// they last, held every connection a client address may keep (256 on
+// loopback, so every other local client got 503 too-many-connections). The
+// returned func unregisters it.
 func (s *streams) add(id string, cancel context.CancelFunc) func() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for c := range s.m[id] {
+		(*c)()
+	}
 	if s.m == nil {
 		s.m = map[string]map[*context.CancelFunc]bool{}
 	}

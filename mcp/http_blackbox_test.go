@@ -299,6 +299,26 @@ func streamEnds(t *testing.T, ctx context.Context, body io.ReadCloser, what stri
 	body.Close()
 }
 
+// One session's GET streams cost nothing while they last: 256 of them, from
+// one initialize, held every connection a loopback client may keep, and
+// every other local client got 503 (found against lapd serve). A session
+// has one stream: a new one ends the one before.
+func TestHTTPOneStreamPerSession(t *testing.T) {
+	t.Parallel()
+	hh := newHTTPHarness(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sid := hh.session()
+	first := hh.openStream(ctx, sid)
+	second := hh.openStream(ctx, sid)
+	streamEnds(t, ctx, first, "after a second GET on its session")
+	// The second one is open until its session goes.
+	if r := hh.send("DELETE", sid, "", nil); r.status != 200 {
+		t.Fatalf("DELETE: %d %s", r.status, r.body)
+	}
+	streamEnds(t, ctx, second, "after DELETE")
+}
+
 // A DELETEd or evicted session kept its GET stream open (mcp-go ends one
 // only when the client leaves or the server stops): a connection and a
 // goroutine per stream, for ever, after the session was gone.
