@@ -139,6 +139,17 @@ func TestHTTPCORSForAllowedOrigins(t *testing.T) {
 	if r := hh.send("POST", "", initBody, nil); r.status != 200 || r.header.Get("Access-Control-Allow-Origin") != "" {
 		t.Fatalf("no Origin: %d %v", r.status, r.header)
 	}
+	// Look-alikes of the allowed origin (the outside security review's
+	// probes) are foreign too, and no answer ever allows credentials.
+	for _, o := range []string{"null", "http://app.example.evil.example", "http://evilapp.example", "https://app.example",
+		"http://app.example:8080", "http://app.example.", "http://app.example/", "http://app.example, http://evil.example"} {
+		if r := hh.send("OPTIONS", "", "", map[string]string{"Origin": o, "Access-Control-Request-Method": "POST"}); r.status != http.StatusForbidden || r.header.Get("Access-Control-Allow-Origin") != "" {
+			t.Errorf("look-alike origin %q: %d %v", o, r.status, r.header)
+		}
+	}
+	if pre.header.Get("Access-Control-Allow-Credentials") != "" || init.header.Get("Access-Control-Allow-Credentials") != "" {
+		t.Errorf("credentials allowed: %v %v", pre.header, init.header)
+	}
 }
 
 // A batch or a JSON value that is not an object was mcp-go's -32700
