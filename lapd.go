@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -207,7 +208,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			MaxSessionsPerToken:        cfg.MCPSessions.PerToken,
 			MaxSessionsPerIP:           cfg.MCPSessions.PerIP,
 			IdleTTL:                    cfg.MCPSessions.IdleTTL,
-			AllowedOrigins:             cfg.Origins,
+			AllowedOrigins:             mcpOrigins(cfg),
 			AllowedHosts:               s.servedHosts(),
 			TrustProxy:                 cfg.TrustProxy,
 			Audit:                      s.audit,
@@ -523,4 +524,20 @@ type Stats struct {
 // Stats returns the parts' gauges and counters.
 func (s *Server) Stats() Stats {
 	return Stats{Pairing: s.registry.Stats(), Confirm: s.confirm.Stats(), LAP: s.lap.Stats()}
+}
+
+// mcpOrigins are the origins /agent/mcp allows besides same-origin: the
+// --origins list and lapd's own public origin (Config.PublicURL). Behind a
+// TLS proxy the endpoint cannot tell same-origin from the Host (the hop to
+// lapd is http), so a page on the public origin got 403 while mint, which
+// allows that origin, took the same request.
+func mcpOrigins(cfg Config) []string {
+	if cfg.PublicURL == "" {
+		return cfg.Origins
+	}
+	o, err := CleanOrigin(cfg.PublicURL)
+	if err != nil {
+		return cfg.Origins
+	}
+	return append(slices.Clip(cfg.Origins), o)
 }

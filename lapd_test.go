@@ -559,3 +559,21 @@ func TestReadyzNoticesTheDatabaseFileGone(t *testing.T) {
 		}
 	}
 }
+
+// Behind a TLS proxy (--public-url https://…, --trust-proxy 1) a page on
+// lapd's public origin got 403 forbidden-origin from /agent/mcp while mint
+// took the same request: the endpoint judged same-origin from the Host with
+// the scheme of the hop to lapd (http). The public origin is lapd's own.
+func TestMCPAllowsThePublicOrigin(t *testing.T) {
+	t.Parallel()
+	_, srv, _ := start(t, lapd.Config{PublicURL: "https://app.example.com", TrustProxy: 1, AllowAnonymous: true})
+	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
+	hdr := []string{"Content-Type", "application/json", "Accept", "application/json, text/event-stream",
+		"X-Forwarded-Proto", "https", "X-Forwarded-For", "203.0.113.7"}
+	if st, _, b := do(t, "POST", srv.URL+"/agent/mcp", "app.example.com", init, append(hdr, "Origin", "https://app.example.com")...); st != 200 {
+		t.Errorf("initialize from the public origin: %d %s", st, b)
+	}
+	if st, _, b := do(t, "POST", srv.URL+"/agent/mcp", "app.example.com", init, append(hdr, "Origin", "https://evil.example")...); st != http.StatusForbidden {
+		t.Errorf("initialize from a foreign origin: %d %s", st, b)
+	}
+}
