@@ -2,6 +2,7 @@ package lapd
 
 import (
 	"fmt"
+	"github.com/lapd-dev/lapd/internal/heaptest"
 	"runtime"
 	"testing"
 
@@ -20,30 +21,23 @@ func TestAuditRingSizesCoverTheHeap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("allocates MBs")
 	}
-	heap := func() uint64 {
-		runtime.GC()
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return ms.HeapAlloc
-	}
 	for _, shape := range []struct {
 		name   string
 		max, n int
 	}{{"growing", 1 << 30, 10000}, {"turned over", 2 << 20, 20000}} {
-		t.Run(shape.name, func(t *testing.T) { auditRingSizesCoverTheHeap(t, heap, shape.max, shape.n) })
+		t.Run(shape.name, func(t *testing.T) { auditRingSizesCoverTheHeap(t, shape.max, shape.n) })
 	}
 }
 
-func auditRingSizesCoverTheHeap(t *testing.T, heap func() uint64, max, n int) {
+func auditRingSizesCoverTheHeap(t *testing.T, max, n int) {
 	r := newAuditRing(max)
-	before := heap()
+	before := heaptest.Live()
 	for i := range n {
 		_ = r.Write(t.Context(), audit.Entry{At: int64(i), TID: fmt.Sprintf("6f1c2d3e-4b5a-4c6d-8e7f-%012d", i), UID: fmt.Sprintf("user-%d", i),
 			Event: audit.EventLapCall, Detail: map[string]any{
 				"tool": "send_message", "variant": "addTask", "status": "ok", "ms": int64(12 + i%7), "rid": fmt.Sprintf("r-%08x", i)}})
 	}
-	after := heap()
+	after := heaptest.Live()
 	r.mu.Lock()
 	kept := float64(len(r.entries) - r.head)
 	counted := float64(r.bytes) / kept

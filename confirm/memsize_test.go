@@ -3,6 +3,7 @@ package confirm
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/lapd-dev/lapd/internal/heaptest"
 	"runtime"
 	"testing"
 )
@@ -30,16 +31,9 @@ func sizesCoverTheHeap(t *testing.T, tids, per int) {
 	m := newManager(t, Config{})
 	ctx := t.Context()
 	payload := json.RawMessage(`{"id":7}`)
-	heap := func() uint64 {
-		runtime.GC()
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return ms.HeapAlloc
-	}
 	tid := func(i int) string { return fmt.Sprintf("6f1c2d3e-4b5a-4c6d-8e7f-%012d", i) } // lapd's tids are UUIDs
 	id := func(i, j int) string { return fmt.Sprintf("c-%08x-%04x", i, j) }
-	before := heap()
+	before := heaptest.Live()
 	for i := range tids {
 		for j := range per {
 			if err := m.Propose(ctx, Pending{TID: tid(i), ConfirmID: id(i, j), Variant: "deleteTask", Payload: payload}); err != nil {
@@ -47,7 +41,7 @@ func sizesCoverTheHeap(t *testing.T, tids, per int) {
 			}
 		}
 	}
-	pending := heap()
+	pending := heaptest.Live()
 	st := m.Stats()
 	held := float64(pending-before) / float64(st.Pending)
 	counted := float64(st.PendingBytes) / float64(st.Pending)
@@ -61,7 +55,7 @@ func sizesCoverTheHeap(t *testing.T, tids, per int) {
 			m.Resolve(ctx, tid(i), id(i, j), Resolution{Status: "confirmed", StateAfter: state})
 		}
 	}
-	kept := heap()
+	kept := heaptest.Live()
 	st = m.Stats()
 	if st.Pending != 0 || st.Kept == 0 {
 		t.Fatalf("after resolving: %+v", st)

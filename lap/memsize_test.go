@@ -3,20 +3,11 @@ package lap
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/lapd-dev/lapd/internal/heaptest"
 	"runtime"
 	"testing"
 	"time"
 )
-
-// heapNow is the live heap after two collections (the first may leave
-// objects freed by finalizers; the second sweeps them).
-func heapNow() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
 
 // The idempotency byte budgets (IdemBytes, IdemBytesPerTID, --max-kept-mib)
 // count what a remembered /message outcome costs in memory: idemEntry.size
@@ -43,7 +34,7 @@ func idemSizesCoverTheHeap(t *testing.T, tids, per int) {
 	tid := func(i int) string { return fmt.Sprintf("6f1c2d3e-4b5a-4c6d-8e7f-%012d", i) }          // lapd's tids are UUIDs
 	key := func(i, j int) string { return fmt.Sprintf("0b9e6d2c-57a1-4f3e-9c1d-%08x%04x", i, j) } // MCP's keys are UUIDs
 	body := func() (any, *apiError) { return json.RawMessage(`{"ok":true,"result":{"id":7}}`), nil }
-	before := heapNow()
+	before := heaptest.Live()
 	for i := range tids {
 		for j := range per {
 			if _, ae := im.do(ctx, tid(i), key(i, j), body); ae != nil {
@@ -51,7 +42,7 @@ func idemSizesCoverTheHeap(t *testing.T, tids, per int) {
 			}
 		}
 	}
-	after := heapNow()
+	after := heaptest.Live()
 	keys, bytes, _ := im.stats()
 	if keys != tids*per {
 		t.Fatalf("%d keys kept, want %d", keys, tids*per)
@@ -75,11 +66,11 @@ func TestLimiterKeyCost(t *testing.T) {
 	}
 	const n = 20000
 	l := newLimiter(1, 30, 0, time.Now)
-	before := heapNow()
+	before := heaptest.Live()
 	for i := range n {
 		l.allow(fmt.Sprintf("ip:2001:db8:%x:%x::", i>>16, i&0xffff)) // an IPv6 /64, the longest ordinary key
 	}
-	after := heapNow()
+	after := heaptest.Live()
 	held := float64(after-before) / n
 	t.Logf("%.0f B held per key, its string included", held)
 	const docFigure = 300 // DefaultMaxRateKeys' doc: ~250 B a key, ~25 MB per full limiter

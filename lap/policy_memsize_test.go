@@ -3,6 +3,7 @@ package lap
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/lapd-dev/lapd/internal/heaptest"
 	"runtime"
 	"strings"
 	"testing"
@@ -35,13 +36,13 @@ func TestPolicySizesCoverTheHeap(t *testing.T) {
 			`"deleteTask":{"intent":"Delete a task","requiresConfirm":true,"schema":{"type":"object","properties":{"id":{"type":"integer","minimum":0}},"required":["id"]}},`+
 			`"setFilter":{"schema":{"type":"object","properties":{"filter":{"enum":["all","open","done"]}},"required":["filter"]}}}}`, i))
 	}
-	before := heapNow()
+	before := heaptest.Live()
 	for i, raw := range raws {
 		if _, err := pc.get(ctx, tid(i), raw); err != nil {
 			t.Fatal(err)
 		}
 	}
-	after := heapNow()
+	after := heaptest.Live()
 	kept, bytes, _ := pc.stats()
 	if kept != n {
 		t.Fatalf("%d policies kept, want %d", kept, n)
@@ -77,12 +78,12 @@ func TestDescribeCacheShares(t *testing.T) {
 	for i := range tids {
 		tids[i] = tid(i)
 	}
-	before := heapNow()
+	before := heaptest.Live()
 	var enc []byte
 	for _, id := range tids {
 		enc = d.get(id, h)
 	}
-	after := heapNow()
+	after := heaptest.Live()
 	held := float64(after-before) / n
 	t.Logf("%.0f B held per tid for a %d-byte description shared by %d tabs", held, len(enc), n)
 	if held > 384 {

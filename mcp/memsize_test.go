@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"fmt"
+	"github.com/lapd-dev/lapd/internal/heaptest"
 	"runtime"
 	"strings"
 	"testing"
@@ -18,13 +19,6 @@ import (
 func TestBindingWorstCase(t *testing.T) {
 	if testing.Short() {
 		t.Skip("allocates MBs")
-	}
-	heap := func() uint64 {
-		runtime.GC()
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return ms.HeapAlloc
 	}
 	// The most a binding keeps: as many tiny actions and variants (the
 	// shape that renders to the most heap per byte of JSON) as the caps let
@@ -70,11 +64,11 @@ func TestBindingWorstCase(t *testing.T) {
 		return ok && len(a) <= maxShownBytes && leanHeld(lean) <= maxRenderBytes
 	})
 	actions := actionsOf(nA)
-	before := heap()
+	before := heaptest.Live()
 	sigs := payloadSigs(messages)
-	mid := heap()
+	mid := heaptest.Live()
 	lean, ok := leanActionList(actions, sigs)
-	after := heap()
+	after := heaptest.Live()
 	if !ok || len(sigs) != nV || len(lean) != nA {
 		t.Fatalf("rendering failed: ok=%v, %d sigs, %d actions", ok, len(sigs), len(lean))
 	}

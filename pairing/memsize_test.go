@@ -3,18 +3,10 @@ package pairing
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/lapd-dev/lapd/internal/heaptest"
 	"runtime"
 	"testing"
 )
-
-// heapNow is the live heap after two collections.
-func heapNow() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
 
 // BufferBytes (--max-kept-mib's quarter) counts the recent-log rings and
 // the cached hellos: what it counts for them must cover what the heap
@@ -38,7 +30,7 @@ func TestSizesCoverTheHeap(t *testing.T) {
 			for i := range ss {
 				ss[i] = &session{}
 			}
-			before := heapNow()
+			before := heaptest.Live()
 			counted, kept := 0, 0
 			for i, s := range ss {
 				for j := range shape.per {
@@ -47,7 +39,7 @@ func TestSizesCoverTheHeap(t *testing.T) {
 				}
 				kept += len(s.ring)
 			}
-			after := heapNow()
+			after := heaptest.Live()
 			n := float64(kept)
 			held, per := float64(after-before)/n, float64(counted)/n
 			t.Logf("%.0f B held per log entry, %.0f B counted", held, per)
@@ -61,7 +53,7 @@ func TestSizesCoverTheHeap(t *testing.T) {
 		var tab helloTable
 		const n = 10000
 		kept := make([]*Hello, n)
-		before := heapNow()
+		before := heaptest.Live()
 		counted := 0
 		for i := range kept {
 			h := &Hello{AppName: "Taskboard", AppVersion: fmt.Sprintf("1.4.%d", i),
@@ -71,7 +63,7 @@ func TestSizesCoverTheHeap(t *testing.T) {
 			kept[i] = tab.intern(h)
 			counted += helloSize(kept[i])
 		}
-		after := heapNow()
+		after := heaptest.Live()
 		held, per := float64(after-before)/n, float64(counted)/n
 		t.Logf("%.0f B held per distinct hello, %.0f B counted", held, per)
 		if held > per {
