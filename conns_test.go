@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"github.com/lapd-dev/lapd/internal/syncbuf"
 	"io"
 	"log/slog"
 	"net"
@@ -217,7 +218,7 @@ func TestDataDirModeWarning(t *testing.T) {
 			}
 			_ = os.Chmod(dir, 0o755) // whatever the umask
 		}
-		var buf lockedBuffer
+		var buf syncbuf.Buffer
 		a, err := lapd.New(ctxT(t), lapd.Config{DataDir: dir, Store: "sqlite", Logger: slog.New(slog.NewTextHandler(&buf, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -234,21 +235,4 @@ func TestDataDirModeWarning(t *testing.T) {
 			t.Errorf("%s: mode %04o, want %04o", tc.name, fi.Mode().Perm(), want)
 		}
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -1,14 +1,13 @@
 package lap_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/lapd-dev/lapd/internal/syncbuf"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -214,29 +213,12 @@ func (fullStore) Create(context.Context, tokens.Record) error {
 	return errors.New("tokens: insert: database or disk is full (13)")
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A store that fails for good (disk full, read-only, corrupt) answers 500
 // internal, and the log says why: an operator whose disk filled up saw
 // "mint failed" answers and not one log line.
 func TestStoreFailureIsLogged(t *testing.T) {
 	t.Parallel()
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	e := newEnv(t, func(c *envCfg) {
 		c.wrapStore = func(s tokens.Store) tokens.Store { return fullStore{s} }
 		c.lap.Logger = slog.New(slog.NewTextHandler(logs, nil))

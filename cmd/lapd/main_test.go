@@ -182,6 +182,22 @@ func TestListenURLs(t *testing.T) {
 	}
 }
 
+// bannerFor is the start-up banner of lapd serve with args, listening on urls.
+func bannerFor(t *testing.T, args []string, urls ...string) string {
+	t.Helper()
+	c, err := parseServeFlags(args, io.Discard, envMap(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := lapdConfig(c, io.Discard, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	printBanner(&b, c, a, urls, "")
+	return b.String()
+}
+
 // The JSON lines a first click prints on stdout are the audit trail: the
 // banner says so, and where lapd audit finds the copy it reads.
 func TestBannerNamesAuditTrail(t *testing.T) {
@@ -195,18 +211,8 @@ func TestBannerNamesAuditTrail(t *testing.T) {
 		{[]string{"--store", "memory"}, "Audit trail:   stdout (one JSON line each)\n"},
 		{[]string{"--audit", "none"}, "Audit trail:   off (--audit none)\n"},
 	} {
-		c, err := parseServeFlags(tc.args, io.Discard, envMap(nil))
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, err := lapdConfig(c, io.Discard, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var b bytes.Buffer
-		printBanner(&b, c, a, []string{"http://127.0.0.1:8787"}, "")
-		if !strings.Contains(b.String(), tc.want) {
-			t.Errorf("%v: banner lacks %q:\n%s", tc.args, tc.want, b.String())
+		if b := bannerFor(t, tc.args, "http://127.0.0.1:8787"); !strings.Contains(b, tc.want) {
+			t.Errorf("%v: banner lacks %q:\n%s", tc.args, tc.want, b)
 		}
 	}
 }
@@ -223,24 +229,15 @@ func TestBannerSaysAnonymousMintIsOff(t *testing.T) {
 		{[]string{"--allow-anonymous", "false"}, []string{"Anonymous mint is off: --allow-anonymous is false"}, nil},
 		{[]string{}, []string{"Demo app:      http://127.0.0.1:8787/"}, []string{"Anonymous mint is off"}},
 	} {
-		c, err := parseServeFlags(tc.args, io.Discard, envMap(nil))
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, err := lapdConfig(c, io.Discard, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var b bytes.Buffer
-		printBanner(&b, c, a, []string{"http://127.0.0.1:8787", "http://192.168.1.20:8787"}, "")
+		b := bannerFor(t, tc.args, "http://127.0.0.1:8787", "http://192.168.1.20:8787")
 		for _, w := range tc.want {
-			if !strings.Contains(b.String(), w) {
-				t.Errorf("%v: banner lacks %q:\n%s", tc.args, w, b.String())
+			if !strings.Contains(b, w) {
+				t.Errorf("%v: banner lacks %q:\n%s", tc.args, w, b)
 			}
 		}
 		for _, w := range tc.not {
-			if strings.Contains(b.String(), w) {
-				t.Errorf("%v: banner has %q:\n%s", tc.args, w, b.String())
+			if strings.Contains(b, w) {
+				t.Errorf("%v: banner has %q:\n%s", tc.args, w, b)
 			}
 		}
 	}
